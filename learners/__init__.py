@@ -1,0 +1,1 @@
+"""coeffd: learners."""

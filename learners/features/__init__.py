@@ -1,0 +1,1 @@
+"""Features: model/hardware descriptions, configuration identity, BLIS basis."""
