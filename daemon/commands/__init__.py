@@ -1,0 +1,1 @@
+"""coeffd subcommands, one module each."""
