@@ -1,0 +1,105 @@
+"""Bundled model descriptions by name: ``data/models/<name>/config.json``.
+
+The files are coeffd's own: the architecture keys BLIS reads, with the public values
+of each model's HuggingFace ``config.json`` (no tokenizer or weights metadata).
+
+>>> sorted(MODELS)[:3]
+['deepseek-v2-lite', 'llama-2-7b-hf', 'llama-3.1-70b-instruct']
+>>> load_model("Mixtral-8x7B-v0.1").num_experts   # names are case-insensitive
+8
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from learners.features.model import ModelConfigError, ModelSpec
+
+__all__ = ["MODELS", "load_model", "model_config", "resolve_model"]
+
+
+def _models_dir() -> Any:
+    return resources.files("learners.features").joinpath("data/models")
+
+
+@cache
+def _names() -> tuple[str, ...]:
+    return tuple(
+        sorted(
+            p.name
+            for p in _models_dir().iterdir()
+            if p.is_dir() and p.joinpath("config.json").is_file()
+        )
+    )
+
+
+def model_config(name: str) -> dict[str, Any]:
+    """The raw bundled ``config.json`` of a model (a fresh dict)."""
+    key = _canonical(name)
+    text = _models_dir().joinpath(key, "config.json").read_text("utf-8")
+    data: dict[str, Any] = json.loads(text)
+    return data
+
+
+def _canonical(name: str) -> str:
+    key = name.strip().lower()
+    # Accept HF repo ids ("meta-llama/Llama-3.1-8B-Instruct") by their last component.
+    key = key.rsplit("/", 1)[-1]
+    if key in _names():
+        return key
+    raise KeyError(f"unknown bundled model {name!r}; available: {', '.join(_names())}")
+
+
+@cache
+def load_model(name: str) -> ModelSpec:
+    """A bundled model by name (case-insensitive; an HF repo id's last part also works)."""
+    key = _canonical(name)
+    return ModelSpec.from_config(model_config(key), name=key)
+
+
+class _Catalogue(Mapping[str, ModelSpec]):
+    """Read-only mapping name → :class:`ModelSpec`, parsed lazily."""
+
+    def __getitem__(self, name: str) -> ModelSpec:
+        return load_model(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_names())
+
+    def __len__(self) -> int:
+        return len(_names())
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        try:
+            _canonical(name)
+        except KeyError:
+            return False
+        return True
+
+    def __repr__(self) -> str:
+        return f"MODELS({', '.join(_names())})"
+
+
+MODELS: Mapping[str, ModelSpec] = _Catalogue()
+
+
+def resolve_model(name_or_path: str | os.PathLike[str]) -> ModelSpec:
+    """A bundled model name, or a path to a ``config.json`` (or a folder holding one)."""
+    text = os.fspath(name_or_path)
+    p = Path(text)
+    if p.exists():
+        return ModelSpec.from_config(p)
+    if text in MODELS:
+        return load_model(text)
+    raise ModelConfigError(
+        f"{text!r} is neither a config.json path nor a bundled model; "
+        f"bundled: {', '.join(_names())}"
+    )
