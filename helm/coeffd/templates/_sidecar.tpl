@@ -1,0 +1,188 @@
+{{/*
+=== Sidecar mode: named templates for a vLLM chart or manifest ===
+
+In the vLLM chart (coeffd as a dependency with `coeffd.mode: sidecar`):
+
+    spec:
+      containers:
+        - name: vllm
+          args:
+            {{- include "coeffd.vllmArgs" (dict "root" $ "values" .Values.coeffd) | nindent 12 }}
+          env:
+            {{- include "coeffd.vllmEnv" (dict "root" $ "values" .Values.coeffd) | nindent 12 }}
+        {{- include "coeffd.sidecarContainer" (dict "root" $ "values" .Values.coeffd) | nindent 8 }}
+      volumes:
+        {{- include "coeffd.sidecarVolumes" (dict "root" $ "values" .Values.coeffd) | nindent 8 }}
+
+"coeffd.vllmArgs" renders vLLM's model/serving flags from settings.configuration — the
+same values coeffd's identity is rendered from, so the two cannot drift apart — plus
+the tracing and KV-event flags pointed at the sidecar on localhost.
+*/}}
+
+{{- define "coeffd.container" -}}
+{{- $v := .values -}}
+- name: coeffd
+  image: {{ include "coeffd.image" . | quote }}
+  imagePullPolicy: {{ $v.image.pullPolicy }}
+  {{- if and (eq $v.mode "sidecar") $v.sidecar.native }}
+  restartPolicy: Always
+  {{- end }}
+  args: ["serve", "--config", "/etc/coeffd/config.toml"]
+  {{- with $v.extraEnv }}
+  env:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  ports:
+    - name: otlp-grpc
+      containerPort: {{ include "coeffd.port.otlpGrpc" . }}
+      protocol: TCP
+    - name: otlp-http
+      containerPort: {{ include "coeffd.port.otlpHttp" . }}
+      protocol: TCP
+    - name: coeffd-http
+      containerPort: {{ include "coeffd.port.http" . }}
+      protocol: TCP
+  startupProbe:
+    httpGet:
+      path: /healthz
+      port: coeffd-http
+    {{- toYaml $v.probes.startup | nindent 4 }}
+  livenessProbe:
+    httpGet:
+      path: /healthz
+      port: coeffd-http
+    {{- toYaml $v.probes.liveness | nindent 4 }}
+  readinessProbe:
+    httpGet:
+      path: /readyz
+      port: coeffd-http
+    {{- toYaml $v.probes.readiness | nindent 4 }}
+  {{- with $v.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  securityContext:
+    {{- toYaml $v.securityContext | nindent 4 }}
+  volumeMounts:
+    - name: coeffd-config
+      mountPath: /etc/coeffd
+      readOnly: true
+    - name: coeffd-data
+      mountPath: {{ include "coeffd.dataDir" . }}
+    - name: coeffd-tmp
+      mountPath: /tmp
+{{- end -}}
+
+{{- define "coeffd.sidecarContainer" -}}
+{{- if ne .values.mode "sidecar" -}}
+{{- fail "coeffd.sidecarContainer: set coeffd.mode=sidecar (it makes settings.configuration required and binds the receivers to localhost)" -}}
+{{- end -}}
+{{ include "coeffd.container" . }}
+{{- end -}}
+
+{{- define "coeffd.configVolume" -}}
+- name: coeffd-config
+  configMap:
+    name: {{ include "coeffd.fullname" . }}
+- name: coeffd-tmp
+  emptyDir:
+    medium: Memory
+    sizeLimit: 64Mi
+{{- end -}}
+
+{{- define "coeffd.sidecarVolumes" -}}
+{{ include "coeffd.configVolume" . }}
+- name: coeffd-data
+{{- if .values.sidecar.existingClaim }}
+  persistentVolumeClaim:
+    claimName: {{ .values.sidecar.existingClaim }}
+{{- else }}
+  emptyDir:
+    sizeLimit: 1Gi
+{{- end }}
+{{- end -}}
+
+{{- define "coeffd.vllmServiceName" -}}
+{{- default (printf "vllm-%s" .root.Release.Name) .values.sidecar.vllm.serviceName -}}
+{{- end -}}
+
+{{/* vLLM flags: serving identity from settings.configuration, then telemetry. */}}
+{{- define "coeffd.vllmArgs" -}}
+{{- $c := .values.settings.configuration | default dict -}}
+{{- $t := .values.sidecar.vllm -}}
+{{- if $c.model }}
+- --model
+- {{ $c.model | quote }}
+{{- end }}
+{{- if $c.tp }}
+- --tensor-parallel-size
+- {{ int64 $c.tp | quote }}
+{{- end }}
+{{- if $c.dp }}
+- --data-parallel-size
+- {{ int64 $c.dp | quote }}
+{{- end }}
+{{- if $c.max_num_batched_tokens }}
+- --max-num-batched-tokens
+- {{ int64 $c.max_num_batched_tokens | quote }}
+{{- end }}
+{{- if $c.max_num_seqs }}
+- --max-num-seqs
+- {{ int64 $c.max_num_seqs | quote }}
+{{- end }}
+{{- if $c.max_model_len }}
+- --max-model-len
+- {{ int64 $c.max_model_len | quote }}
+{{- end }}
+{{- if hasKey $c "enable_chunked_prefill" }}
+- {{ ternary "--enable-chunked-prefill" "--no-enable-chunked-prefill" $c.enable_chunked_prefill }}
+{{- end }}
+{{- if hasKey $c "enable_prefix_caching" }}
+- {{ ternary "--enable-prefix-caching" "--no-enable-prefix-caching" $c.enable_prefix_caching }}
+{{- end }}
+- --otlp-traces-endpoint
+{{- if eq $t.otlpProtocol "http/protobuf" }}
+- {{ printf "http://localhost:%s/v1/traces" (include "coeffd.port.otlpHttp" .) | quote }}
+{{- else }}
+- {{ printf "http://localhost:%s" (include "coeffd.port.otlpGrpc" .) | quote }}
+{{- end }}
+- --enable-journey-tracing
+- --journey-tracing-sample-rate
+- {{ $t.journeyTracingSampleRate | toString | quote }}
+- --step-tracing-enabled
+- --step-tracing-sample-rate
+- {{ $t.stepTracingSampleRate | toString | quote }}
+- --step-tracing-rich-subsample-rate
+- {{ $t.stepTracingRichSubsampleRate | toString | quote }}
+{{- if $t.kvEvents }}
+- --kv-events-config
+- {{ dict "enable_kv_cache_events" true "publisher" "zmq" "endpoint" $t.kvEventsEndpoint | toJson | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* vLLM env: OTLP protocol/plaintext, service name, coeffd.* resource attributes. */}}
+{{- define "coeffd.vllmEnv" -}}
+{{- $c := .values.settings.configuration | default dict -}}
+{{- $t := .values.sidecar.vllm -}}
+{{- $attrs := list -}}
+{{- if $c.model }}{{ $attrs = append $attrs (printf "coeffd.model=%s" $c.model) }}{{ end -}}
+{{- if $c.hardware }}{{ $attrs = append $attrs (printf "coeffd.gpu=%s" $c.hardware) }}{{ end -}}
+{{- if $c.tp }}{{ $attrs = append $attrs (printf "coeffd.tp=%d" (int64 $c.tp)) }}{{ end -}}
+{{- if $c.dp }}{{ $attrs = append $attrs (printf "coeffd.dp=%d" (int64 $c.dp)) }}{{ end -}}
+- name: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL
+  value: {{ $t.otlpProtocol | quote }}
+- name: OTEL_EXPORTER_OTLP_TRACES_INSECURE
+  value: "true"
+- name: OTEL_SERVICE_NAME
+  value: {{ include "coeffd.vllmServiceName" . | quote }}
+{{- if $attrs }}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: {{ join "," $attrs | quote }}
+{{- end }}
+- name: OTEL_EXPERIMENTAL_RESOURCE_DETECTORS
+  value: "otel,process"
+{{- if $t.spanEventCountLimit }}
+- name: OTEL_SPAN_EVENT_COUNT_LIMIT
+  value: {{ int64 $t.spanEventCountLimit | quote }}
+{{- end }}
+{{- end -}}
