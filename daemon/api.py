@@ -1,0 +1,153 @@
+"""HTTP API handlers over a ``SnapshotStore``: read-only coefficient endpoints.
+
+The handlers are plain functions (request path + query -> ``Response``) with no server
+attached, so any router can mount them and tests can call them directly:
+
+* ``GET /v1/configurations`` - every configuration with its latest version;
+* ``GET /v1/coefficients/{id}[?version=N][&format=json|flags|yaml]`` - latest (or N);
+* ``GET /v1/coefficients/{id}/history`` - all retained versions, oldest first.
+
+Errors are JSON ``{"error": {"status": .., "message": ..}}``: 404 for an unknown
+configuration or version, 400 for a bad query, 405 for a non-GET method.
+``handle(store, method, target)`` dispatches a raw request target; it returns None for
+paths outside ``/v1/configurations`` and ``/v1/coefficients`` so a router can fall through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import msgspec
+import orjson
+
+from daemon.publish.blis import to_flags, to_yaml_block
+from daemon.publish.snapshot import (
+    InvalidConfigurationIdError,
+    Snapshot,
+    SnapshotStore,
+    validate_config_id,
+)
+
+JSON = "application/json"
+FORMATS = {"json": JSON, "flags": "text/plain; charset=utf-8", "yaml": "application/yaml"}
+Query = Mapping[str, Sequence[str]]
+
+
+class Response(NamedTuple):
+    """What a handler returns; ``headers`` always include ``Content-Type``."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+def _json(status: int, payload: Any) -> Response:
+    body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+    return Response(status, [("Content-Type", JSON)], body)
+
+
+def error(status: int, message: str) -> Response:
+    """A JSON error response."""
+    return _json(status, {"error": {"status": status, "message": message}})
+
+
+def _snapshot_dict(snapshot: Snapshot) -> Any:
+    return msgspec.to_builtins(snapshot)
+
+
+def _single(query: Query, name: str) -> str | None:
+    values = query.get(name)
+    if not values:
+        return None
+    return values[-1]
+
+
+def list_configurations(store: SnapshotStore) -> Response:
+    """``GET /v1/configurations``."""
+    out = []
+    for cid in store.configurations():
+        snap = store.latest(cid)
+        if snap is None:
+            continue
+        out.append(
+            {
+                "id": cid,
+                "labels": snap.configuration.labels,
+                "description": snap.configuration.description,
+                "latest_version": snap.version,
+                "wall_ns": snap.wall_ns,
+            }
+        )
+    return _json(200, {"configurations": out})
+
+
+def get_coefficients(store: SnapshotStore, config_id: str, query: Query | None = None) -> Response:
+    """``GET /v1/coefficients/{id}``; ``version`` (int >= 1) and ``format`` (json|flags|yaml)."""
+    query = query or {}
+    fmt = _single(query, "format") or "json"
+    if fmt not in FORMATS:
+        return error(400, f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    raw_version = _single(query, "version")
+    version: int | None = None
+    if raw_version is not None:
+        try:
+            version = int(raw_version)
+        except ValueError:
+            return error(400, f"version must be an integer, got {raw_version!r}")
+        if version < 1:
+            return error(400, f"version must be >= 1, got {version}")
+    try:
+        validate_config_id(config_id)
+    except InvalidConfigurationIdError:
+        return error(404, f"unknown configuration {config_id!r}")
+    snap = store.latest(config_id) if version is None else store.get(config_id, version)
+    if snap is None:
+        if version is not None and store.latest(config_id) is not None:
+            return error(404, f"configuration {config_id!r} has no retained version {version}")
+        return error(404, f"unknown configuration {config_id!r}")
+    headers = [("Content-Type", FORMATS[fmt]), ("X-Coeffd-Version", str(snap.version))]
+    if fmt == "flags":
+        return Response(200, headers, (to_flags(snap) + "\n").encode())
+    if fmt == "yaml":
+        return Response(200, headers, to_yaml_block(snap).encode())
+    return Response(200, headers, orjson.dumps(_snapshot_dict(snap)))
+
+
+def get_history(store: SnapshotStore, config_id: str) -> Response:
+    """``GET /v1/coefficients/{id}/history``: retained snapshots, oldest first."""
+    try:
+        validate_config_id(config_id)
+    except InvalidConfigurationIdError:
+        return error(404, f"unknown configuration {config_id!r}")
+    history = store.history(config_id)
+    if not history:
+        return error(404, f"unknown configuration {config_id!r}")
+    return _json(
+        200, {"configuration": config_id, "versions": [_snapshot_dict(s) for s in history]}
+    )
+
+
+def handle(store: SnapshotStore, method: str, target: str) -> Response | None:
+    """Dispatch a raw request target (``/path?query``); None when the path isn't ours."""
+    parts = urlsplit(target)
+    path = parts.path.rstrip("/") or "/"
+    query = parse_qs(parts.query, keep_blank_values=True)
+    if path == "/v1/configurations":
+        route = "list"
+    elif path.startswith("/v1/coefficients/"):
+        route = "coefficients"
+    else:
+        return None
+    if method.upper() not in ("GET", "HEAD"):
+        resp = error(405, f"method {method} not allowed")
+        return resp._replace(headers=[*resp.headers, ("Allow", "GET, HEAD")])
+    if route == "list":
+        return list_configurations(store)
+    segments = [unquote(s) for s in path[len("/v1/coefficients/") :].split("/")]
+    if len(segments) == 1:
+        return get_coefficients(store, segments[0], query)
+    if len(segments) == 2 and segments[1] == "history":
+        return get_history(store, segments[0])
+    return error(404, f"no such resource {parts.path!r}")

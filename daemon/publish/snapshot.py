@@ -1,0 +1,454 @@
+"""Versioned coefficient snapshots: the record, BLIS validation, the store, the policy.
+
+A snapshot is what coeffd publishes for one serving configuration: the α (3) and β (11)
+vectors in BLIS's order and units (µs; spec ``blis-trained-physics.md`` §5.1, §6), plus
+the provenance needed to trust them (observations used, prequential error of the learned
+and of BLIS's default coefficients, drift history, terms the data could not identify).
+
+Invariant: nothing that BLIS would reject is ever written. ``validate_for_blis`` applies
+BLIS's own constructor rules (§7.1 items 1, 2, 4, 8 and the CLI's "β not all zeros",
+§7.2.6) and ``SnapshotStore.publish`` refuses before touching the disk.
+
+Layout on disk (one directory per configuration id)::
+
+    <dir>/<config_id>/v<version>.json   immutable, one per published version
+    <dir>/<config_id>/latest.json       a copy of the newest version, atomically replaced
+
+``latest.json`` is a regular file rather than a symlink: replacing a symlink and then
+reading through it are two steps a reader can interleave with a prune.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import structlog
+from prometheus_client import CollectorRegistry, Gauge
+
+from daemon.publish.atomic import atomic_write_bytes, is_temp_file
+
+log = structlog.get_logger(__name__)
+
+ALPHA_LEN = 3
+BETA_LEN = 11
+BLIS_MIN_ALPHA = 3
+BLIS_MIN_BETA = 7
+
+#: BLIS's names for the vector positions (spec §5.1, §6), for humans and dashboards.
+ALPHA_NAMES: tuple[str, ...] = (
+    "queueing_time",
+    "post_decode_fixed_overhead",
+    "output_token_processing_time",
+)
+BETA_NAMES: tuple[str, ...] = (
+    "prefill_compute",
+    "decode_compute",
+    "weight_loading",
+    "tp_communication",
+    "per_layer",
+    "per_request",
+    "per_step",
+    "per_moe_layer",
+    "prefill_memory",
+    "decode_memory",
+    "moe_dispatch",
+)
+
+_CONFIG_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_VERSION_FILE_RE = re.compile(r"^v(\d+)\.json$")
+LATEST_NAME = "latest.json"
+
+
+def coeffd_version() -> str:
+    """The installed coeffd version (provenance in every snapshot)."""
+    try:
+        return metadata.version("coeffd")
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "0+unknown"
+
+
+class InvalidCoefficientsError(ValueError):
+    """A coefficient vector BLIS would reject; the message is BLIS-like and names the index."""
+
+
+class InvalidConfigurationIdError(ValueError):
+    """A configuration id that is not a safe single path component."""
+
+
+class StaleVersionError(ValueError):
+    """A snapshot whose version does not exceed the latest published one."""
+
+
+# ----------------------------------------------------------------------------- record
+
+
+class ConfigurationRef(msgspec.Struct, frozen=True, kw_only=True):
+    """Which serving configuration a snapshot belongs to (see ARCHITECTURE "Configuration identity")."""
+
+    id: str
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    description: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class ErrorStats(msgspec.Struct, frozen=True, kw_only=True):
+    """Prequential (predict-then-learn) error of one coefficient set on one target."""
+
+    mape: float | None = None  # mean absolute percentage error, as a fraction (0.05 = 5 %)
+    rmse: float | None = None  # in the target's unit (µs)
+    count: int = 0
+
+
+class DriftEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """One drift detection on a target's residuals (the learner reset or re-weighted)."""
+
+    wall_ns: int
+    target: str
+    detector: str = ""
+    detail: str = ""
+
+
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """One published coefficient set for one configuration.
+
+    ``alpha``/``beta`` are exactly what BLIS takes (``--alpha-coeffs``/``--beta-coeffs``,
+    µs). ``prequential`` is ``target -> {"learned" | "blis_default" -> ErrorStats}``.
+    ``extended``, ``queue_wait`` and ``kv_offload`` hold coeffd's coefficients that BLIS has
+    no slot for (name -> value). ``unidentified`` names terms the data could not pin down
+    (e.g. ``beta[7]`` on a dense model); their published value is the prior's.
+    """
+
+    configuration: ConfigurationRef
+    version: int
+    wall_ns: int
+    alpha: tuple[float, ...]
+    beta: tuple[float, ...]
+    extended: dict[str, float] = msgspec.field(default_factory=dict)
+    queue_wait: dict[str, float] = msgspec.field(default_factory=dict)
+    kv_offload: dict[str, float] = msgspec.field(default_factory=dict)
+    observations: dict[str, int] = msgspec.field(default_factory=dict)
+    prequential: dict[str, dict[str, ErrorStats]] = msgspec.field(default_factory=dict)
+    drift: tuple[DriftEvent, ...] = ()
+    unidentified: tuple[str, ...] = ()
+    coeffd_version: str = msgspec.field(default_factory=coeffd_version)
+
+    @property
+    def config_id(self) -> str:
+        return self.configuration.id
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Snapshot)
+
+
+def encode_snapshot(snapshot: Snapshot) -> bytes:
+    """JSON bytes of a snapshot (the on-disk and HTTP representation)."""
+    return _encoder.encode(snapshot)
+
+
+def decode_snapshot(data: bytes | str) -> Snapshot:
+    """Parse and type-check a snapshot; raises ``msgspec.ValidationError``/``DecodeError``."""
+    return _decoder.decode(data)
+
+
+# ------------------------------------------------------------------------- validation
+
+
+def _check_values(name: str, values: Sequence[float]) -> None:
+    for i, v in enumerate(values):
+        # bool is an int subclass; BLIS parses float64s, so a bool here is a caller bug.
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise InvalidCoefficientsError(f"{name}[{i}] = {v!r} is not a number")
+        if math.isnan(v):
+            raise InvalidCoefficientsError(f"{name}[{i}] is NaN")
+        if math.isinf(v):
+            raise InvalidCoefficientsError(f"{name}[{i}] is Inf")
+        if v < 0:
+            raise InvalidCoefficientsError(f"{name}[{i}] = {v!r} must be non-negative")
+
+
+def validate_for_blis(
+    alpha: Sequence[float], beta: Sequence[float], *, exact_lengths: bool = True
+) -> None:
+    """Raise ``InvalidCoefficientsError`` unless BLIS would accept ``alpha``/``beta``.
+
+    BLIS's order (§7.1): α has ≥ 3 values (1), every α finite and ≥ 0 (2), β has ≥ 7
+    values (4), every supplied value finite and ≥ 0 (8); and β must not be all zeros
+    (§7.2.6, BLIS treats that as "no coefficients"). With ``exact_lengths`` (snapshots)
+    α must have exactly 3 and β exactly 11 values: coeffd always learns the full split
+    form, and a shorter β would silently change BLIS's formula (§5.1).
+
+    >>> validate_for_blis([1.0, 2.0, 3.0], [0.0] * 10 + [1.0])
+    >>> validate_for_blis([1.0, 2.0], [1.0] * 11)
+    Traceback (most recent call last):
+    ...
+    daemon.publish.snapshot.InvalidCoefficientsError: AlphaCoeffs requires at least 3 elements, got 2
+    """
+    if len(alpha) < BLIS_MIN_ALPHA:
+        raise InvalidCoefficientsError(
+            f"AlphaCoeffs requires at least {BLIS_MIN_ALPHA} elements, got {len(alpha)}"
+        )
+    _check_values("AlphaCoeffs", alpha)
+    if len(beta) < BLIS_MIN_BETA:
+        raise InvalidCoefficientsError(
+            f"BetaCoeffs requires at least {BLIS_MIN_BETA} elements, got {len(beta)}"
+        )
+    _check_values("BetaCoeffs", beta)
+    if all(v == 0 for v in beta):
+        raise InvalidCoefficientsError("BetaCoeffs are all zeros (BLIS treats that as missing)")
+    if exact_lengths:
+        if len(alpha) != ALPHA_LEN:
+            raise InvalidCoefficientsError(
+                f"AlphaCoeffs must have exactly {ALPHA_LEN} elements, got {len(alpha)}"
+            )
+        if len(beta) != BETA_LEN:
+            raise InvalidCoefficientsError(
+                f"BetaCoeffs must have exactly {BETA_LEN} elements, got {len(beta)}"
+            )
+
+
+def validate_config_id(config_id: str) -> str:
+    """Return ``config_id`` if it is a safe single path component, else raise.
+
+    Ids come from URLs (the HTTP API), so anything like ``..`` or ``a/b`` must never reach
+    the file system.
+    """
+    if not isinstance(config_id, str) or not _CONFIG_ID_RE.match(config_id):
+        raise InvalidConfigurationIdError(f"invalid configuration id {config_id!r}")
+    return config_id
+
+
+# ------------------------------------------------------------------------------ store
+
+
+class SnapshotStore:
+    """Versioned snapshot files per configuration, written atomically.
+
+    One writer per directory (the daemon); any number of readers, in- or out-of-process.
+    ``retention`` versions are kept per configuration (the newest; at least 1).
+    Pass a ``registry`` to export ``coeffd_snapshot_version`` and
+    ``coeffd_snapshot_timestamp_seconds`` per configuration.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        retention: int = 20,
+        *,
+        registry: CollectorRegistry | None = None,
+        stale_temp_age_s: float = 3600.0,
+    ) -> None:
+        if retention < 1:
+            raise ValueError("retention must be >= 1")
+        self.directory = Path(directory)
+        self.retention = retention
+        self._lock = threading.Lock()
+        self._version_gauge: Gauge | None = None
+        self._time_gauge: Gauge | None = None
+        if registry is not None:
+            self._version_gauge = Gauge(
+                "coeffd_snapshot_version",
+                "Version of the latest published snapshot",
+                ["config"],
+                registry=registry,
+            )
+            self._time_gauge = Gauge(
+                "coeffd_snapshot_timestamp_seconds",
+                "Wall time of the latest published snapshot",
+                ["config"],
+                registry=registry,
+            )
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._remove_stale_temp(stale_temp_age_s)
+
+    # -- paths
+
+    def _config_dir(self, config_id: str) -> Path:
+        return self.directory / validate_config_id(config_id)
+
+    def _remove_stale_temp(self, max_age_s: float) -> None:
+        """Delete temp files of crashed writers; young ones may belong to a live writer."""
+        cutoff = time.time() - max_age_s
+        for path in self.directory.glob("*/.*.tmp"):
+            try:
+                if path.stat().st_mtime < cutoff:
+                    path.unlink()
+            except OSError:
+                continue
+
+    # -- writing
+
+    def next_version(self, config_id: str) -> int:
+        """The version number the next snapshot of ``config_id`` should carry."""
+        versions = self.versions(config_id)
+        return (versions[-1] + 1) if versions else 1
+
+    def publish(self, snapshot: Snapshot) -> Path:
+        """Validate and write ``snapshot``; return the path of its version file.
+
+        Raises ``InvalidCoefficientsError`` (nothing written) for a vector BLIS would
+        reject and ``StaleVersionError`` unless the version is above the latest.
+        """
+        validate_for_blis(snapshot.alpha, snapshot.beta)
+        if snapshot.version < 1:
+            raise StaleVersionError(f"version must be >= 1, got {snapshot.version}")
+        cdir = self._config_dir(snapshot.config_id)
+        data = encode_snapshot(snapshot)
+        with self._lock:
+            existing = self.versions(snapshot.config_id)
+            if existing and snapshot.version <= existing[-1]:
+                raise StaleVersionError(
+                    f"{snapshot.config_id}: version {snapshot.version} <= latest {existing[-1]}"
+                )
+            cdir.mkdir(parents=True, exist_ok=True)
+            path = atomic_write_bytes(cdir / f"v{snapshot.version}.json", data)
+            # latest.json last: a reader that sees version N there can always open vN.json.
+            atomic_write_bytes(cdir / LATEST_NAME, data)
+            self._prune(cdir, [*existing, snapshot.version])
+        if self._version_gauge is not None and self._time_gauge is not None:
+            self._version_gauge.labels(snapshot.config_id).set(snapshot.version)
+            self._time_gauge.labels(snapshot.config_id).set(snapshot.wall_ns / 1e9)
+        log.info(
+            "snapshot published",
+            config=snapshot.config_id,
+            version=snapshot.version,
+            observations=sum(snapshot.observations.values()),
+        )
+        return path
+
+    def _prune(self, cdir: Path, versions: list[int]) -> None:
+        for v in sorted(versions)[: -self.retention]:
+            try:
+                (cdir / f"v{v}.json").unlink()
+            except FileNotFoundError:
+                continue
+
+    # -- reading
+
+    def configurations(self) -> list[str]:
+        """Ids of configurations with a published snapshot, sorted."""
+        out = []
+        try:
+            entries = list(self.directory.iterdir())
+        except FileNotFoundError:
+            return []
+        for entry in entries:
+            if _CONFIG_ID_RE.match(entry.name) and (entry / LATEST_NAME).is_file():
+                out.append(entry.name)
+        return sorted(out)
+
+    def versions(self, config_id: str) -> list[int]:
+        """Retained versions of ``config_id``, ascending (temp files ignored)."""
+        cdir = self._config_dir(config_id)
+        try:
+            names = os.listdir(cdir)
+        except FileNotFoundError:
+            return []
+        found = []
+        for name in names:
+            m = _VERSION_FILE_RE.match(name)
+            if m and not is_temp_file(cdir / name):
+                found.append(int(m.group(1)))
+        return sorted(found)
+
+    def _read(self, path: Path) -> Snapshot | None:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            return decode_snapshot(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            # Only a foreign edit can get here (writes are atomic); skip, don't crash the API.
+            log.warning("unreadable snapshot skipped", path=str(path), error=str(exc))
+            return None
+
+    def latest(self, config_id: str) -> Snapshot | None:
+        """The newest snapshot of ``config_id``, or None."""
+        return self._read(self._config_dir(config_id) / LATEST_NAME)
+
+    def get(self, config_id: str, version: int) -> Snapshot | None:
+        """Snapshot ``version`` of ``config_id`` if it is retained, else None."""
+        return self._read(self._config_dir(config_id) / f"v{int(version)}.json")
+
+    def history(self, config_id: str) -> list[Snapshot]:
+        """All retained snapshots of ``config_id``, oldest first."""
+        out = []
+        for v in self.versions(config_id):
+            snap = self.get(config_id, v)  # may vanish between listdir and open (prune)
+            if snap is not None:
+                out.append(snap)
+        return out
+
+
+# ----------------------------------------------------------------------------- policy
+
+
+def max_relative_change(old: Iterable[float], new: Iterable[float], floor: float = 1e-9) -> float:
+    """Largest ``|new - old| / max(|old|, floor)`` over paired positions (inf on length change).
+
+    >>> max_relative_change([1.0, 2.0], [1.1, 2.0])  # doctest: +ELLIPSIS
+    0.100...
+    """
+    a, b = list(old), list(new)
+    if len(a) != len(b):
+        return math.inf
+    worst = 0.0
+    for x, y in zip(a, b, strict=True):
+        worst = max(worst, abs(y - x) / max(abs(x), floor))
+    return worst
+
+
+class PublishPolicy:
+    """Decide when a new snapshot is worth publishing.
+
+    Publish when the vector is valid and either nothing was published yet, ``interval_s``
+    has passed since the last publication (a heartbeat: consumers see fresh provenance
+    even when the numbers are stable), or some coefficient moved by more than
+    ``relative_threshold`` (don't make BLIS users wait a full interval for a real change).
+    """
+
+    def __init__(
+        self,
+        interval_s: float = 60.0,
+        relative_threshold: float = 0.05,
+        min_observations: int = 0,
+    ) -> None:
+        self.interval_s = interval_s
+        self.relative_threshold = relative_threshold
+        self.min_observations = min_observations
+
+    def decide(
+        self,
+        previous: Snapshot | None,
+        alpha: Sequence[float],
+        beta: Sequence[float],
+        now_wall_ns: int,
+        observations: int = 0,
+    ) -> tuple[bool, str]:
+        """Return ``(publish, reason)``; reason is one of ``invalid``, ``too_few_observations``,
+        ``first``, ``interval``, ``significant_change``, ``unchanged``."""
+        try:
+            validate_for_blis(alpha, beta)
+        except InvalidCoefficientsError:
+            return False, "invalid"
+        if observations < self.min_observations:
+            return False, "too_few_observations"
+        if previous is None:
+            return True, "first"
+        if now_wall_ns - previous.wall_ns >= self.interval_s * 1e9:
+            return True, "interval"
+        change = max(
+            max_relative_change(previous.alpha, alpha), max_relative_change(previous.beta, beta)
+        )
+        if change > self.relative_threshold:
+            return True, "significant_change"
+        return False, "unchanged"

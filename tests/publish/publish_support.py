@@ -1,0 +1,65 @@
+"""Helpers for publish tests (unique module name: tests dirs have no __init__.py)."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from daemon import api
+from daemon.publish.snapshot import ConfigurationRef, ErrorStats, Snapshot, SnapshotStore
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+BLIS_DEFAULTS = FIXTURES / "blis_defaults.yaml"
+
+ALPHA = (15000.123456789, 700.5, 44.25)
+BETA = (0.15, 0.0, 1.3625, 0.75, 32.1, 4.4, 126.0, 481.0, 0.0, 1.95, 0.75)
+
+
+def make_snapshot(
+    config_id: str = "llama8b-h100-tp1",
+    version: int = 1,
+    alpha: tuple[float, ...] = ALPHA,
+    beta: tuple[float, ...] = BETA,
+) -> Snapshot:
+    return Snapshot(
+        configuration=ConfigurationRef(
+            id=config_id, labels={"model": "llama-3.1-8b", "gpu": "H100"}, description={"tp": 1}
+        ),
+        version=version,
+        wall_ns=1_767_225_600_000_000_000 + version,
+        alpha=alpha,
+        beta=beta,
+        extended={"gamma_cpu": 1.5},
+        queue_wait={"per_waiting": 3.0},
+        observations={"step_period": 100 * version},
+        prequential={
+            "step_period": {
+                "learned": ErrorStats(mape=0.05, rmse=120.0, count=100),
+                "blis_default": ErrorStats(mape=0.3, rmse=900.0, count=100),
+            }
+        },
+        unidentified=("beta[7]",),
+    )
+
+
+def serve(store: SnapshotStore) -> tuple[ThreadingHTTPServer, str]:
+    """Start a real HTTP server on a free loopback port mounting ``daemon.api.handle``."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            resp = api.handle(store, "GET", self.path) or api.error(404, "not found")
+            self.send_response(resp.status)
+            for k, v in resp.headers:
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(resp.body)))
+            self.end_headers()
+            self.wfile.write(resp.body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    host, port = server.server_address[:2]
+    return server, f"http://{host!s}:{port}"
