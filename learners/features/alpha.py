@@ -21,11 +21,10 @@ The worked timeline of spec §6 (Llama-3.1-8B, H100, TP 1, one request I = 256, 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from learners.features.basis import BlisBasis
+from learners.features.basis import BlisBasis, check_coeffs
 from receivers.observations import BatchRequest
 
 __all__ = [
@@ -56,14 +55,7 @@ class AlphaTimes:
         """
         if len(alpha) < 3:
             raise ValueError(f"AlphaCoeffs requires at least 3 elements, got {len(alpha)}")
-        for i, v in enumerate(alpha):
-            fv = float(v)
-            if math.isnan(fv):
-                raise ValueError(f"alpha[{i}] is NaN")
-            if math.isinf(fv):
-                raise ValueError(f"alpha[{i}] is Inf")
-            if fv < 0:
-                raise ValueError(f"alpha[{i}] must be non-negative, got {fv}")
+        check_coeffs(alpha, "alpha")
         return cls(int(alpha[0]), int(alpha[1]), int(alpha[2]))
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "BasisConfigError",
     "BlisBasis",
     "batch_stats",
+    "check_coeffs",
     "normalize_beta",
     "step_time_from_s",
 ]
@@ -103,7 +104,8 @@ class BasisConfigError(ValueError):
     """A model/hardware/parallelism combination BLIS refuses (spec §7.1)."""
 
 
-def _finite_nonneg(values: Sequence[float], what: str) -> None:
+def check_coeffs(values: Sequence[float], what: str) -> None:
+    """BLIS's coefficient validation: every value finite and ≥ 0 (messages as upstream)."""
     for i, v in enumerate(values):
         fv = float(v)
         if math.isnan(fv):
@@ -124,7 +126,7 @@ def normalize_beta(beta: Sequence[float]) -> tuple[list[float], int]:
     n = len(beta)
     if n < 7:
         raise ValueError(f"BetaCoeffs requires at least 7 elements, got {n}")
-    _finite_nonneg(beta, "beta")
+    check_coeffs(beta, "beta")
     b = [float(v) for v in beta[:11]] + [0.0] * max(0, 11 - n)
     if n < 11:
         b[10] = b[3]  # β_EP defaults to β₄, not 0 (notes item 14)
