@@ -1,8 +1,46 @@
-"""Command-line entry point (placeholder until the foundation lands)."""
+"""Command-line entry point: ``coeffd <command>`` / ``python -m daemon <command>``.
+
+Each command is a module in ``daemon/commands/`` exposing ``add_parser(subparsers)`` and
+``run(args) -> int``; adding a command is one line in :data:`COMMANDS`.
+"""
 
 from __future__ import annotations
 
+import argparse
+import sys
+from collections.abc import Sequence
+from types import ModuleType
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the coeffd command line."""
-    return 0
+from daemon.commands import replay, serve
+
+__all__ = ["COMMANDS", "build_parser", "main"]
+
+#: The command modules, in help order. Add yours here (one line).
+COMMANDS: tuple[ModuleType, ...] = (
+    serve,
+    replay,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with one subparser per command module."""
+    parser = argparse.ArgumentParser(
+        prog="coeffd",
+        description="Learns BLIS latency-model coefficients online from live vLLM telemetry.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in COMMANDS:
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` and run the chosen command; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    code: int = args.run(args)
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

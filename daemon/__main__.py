@@ -1,0 +1,7 @@
+"""``python -m daemon`` = the ``coeffd`` command."""
+
+import sys
+
+from daemon.cli import main
+
+sys.exit(main())

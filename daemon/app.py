@@ -1,0 +1,449 @@
+"""Pipeline runtime: receivers → bounded queue → ONE worker → :class:`Consumer`.
+
+The queue is bounded in *records* (not requests) because memory and worker time scale
+with records. :meth:`Pipeline.offer` never blocks: a receiver that gets ``False`` answers
+its client with a retryable status (gRPC ``UNAVAILABLE`` + RetryInfo, HTTP 503 +
+``Retry-After``), so back-pressure reaches the vLLM exporter instead of records being
+dropped silently here. A single worker thread calls the consumer, so consumers (joiner →
+learners → publisher) need no locking.
+
+>>> from daemon.app import CountingConsumer, Pipeline
+>>> p = Pipeline(CountingConsumer(), capacity=3)
+>>> p.offer([1, 2], "test"), p.offer([3, 4], "test"), p.depth
+(True, False, 2)
+"""
+
+from __future__ import annotations
+
+import collections
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any, Protocol, runtime_checkable
+
+import structlog
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from daemon.http.server import HttpServer, Request, Response, Router
+from daemon.log import RateLimiter
+from daemon.metrics import ReceiverMetrics
+from daemon.settings import Settings, parse_endpoint
+from receivers.otlp.decode import Decoder, record_kind
+from receivers.records import Record
+
+__all__ = ["App", "Consumer", "CountingConsumer", "Pipeline"]
+
+log = structlog.get_logger(__name__)
+
+
+@runtime_checkable
+class Consumer(Protocol):
+    """What the pipeline worker drives. All three are called from the worker thread only."""
+
+    def consume(self, records: Sequence[Record]) -> None:
+        """Handle one accepted batch (one export request's records, in request order)."""
+
+    def tick(self, now: float) -> None:
+        """Called about once per second even when idle; ``now`` is wall-clock seconds."""
+
+    def close(self) -> None:
+        """Called once after the queue was drained at shutdown."""
+
+
+class CountingConsumer:
+    """The default consumer until the joiner exists: counts records by kind.
+
+    >>> c = CountingConsumer()
+    >>> c.consume([]); c.total
+    0
+    """
+
+    def __init__(self) -> None:
+        self.by_kind: collections.Counter[str] = collections.Counter()
+        self.total = 0
+        self.batches = 0
+        self.ticks = 0
+        self.closed = False
+        self.records: list[Record] | None = None
+
+    @classmethod
+    def keeping(cls) -> CountingConsumer:
+        """A counting consumer that also keeps every record (tests)."""
+        c = cls()
+        c.records = []
+        return c
+
+    def consume(self, records: Sequence[Record]) -> None:
+        """Count the batch."""
+        self.batches += 1
+        self.total += len(records)
+        kinds: collections.Counter[str] = collections.Counter()
+        for r in records:
+            kinds[record_kind(r)] += 1
+        self.by_kind.update(kinds)
+        if self.records is not None:
+            self.records.extend(records)
+
+    def tick(self, now: float) -> None:
+        """Count ticks."""
+        self.ticks += 1
+
+    def close(self) -> None:
+        """Remember that we were closed."""
+        self.closed = True
+
+
+class Pipeline:
+    """Bounded record queue + the single worker thread that feeds the consumer."""
+
+    def __init__(
+        self,
+        consumer: Consumer,
+        capacity: int,
+        metrics: ReceiverMetrics | None = None,
+        *,
+        tick_interval: float = 1.0,
+        clock: Callable[[], float] = time.time,
+        rate_limit_seconds: float = 10.0,
+    ) -> None:
+        self.consumer = consumer
+        self.capacity = capacity
+        self.metrics = metrics
+        self.tick_interval = tick_interval
+        self._clock = clock
+        self._queue: collections.deque[Sequence[Any]] = collections.deque()
+        self._depth = 0
+        self._cond = threading.Condition()
+        self._paused = False
+        self._closed = False  # no more offers
+        self._stop = False  # worker must exit
+        self._busy = False
+        self._thread: threading.Thread | None = None
+        self._limiter = RateLimiter(rate_limit_seconds)
+        self._label_cache: dict[tuple[str, str], Any] = {}
+        if metrics is not None:
+            metrics.track_queue_depth(lambda: self._depth)
+
+    # ------------------------------------------------------------------ producers
+    @property
+    def depth(self) -> int:
+        """Records waiting for the worker."""
+        return self._depth
+
+    @property
+    def closed(self) -> bool:
+        """True once shutdown began; offers are refused from then on."""
+        return self._closed
+
+    def offer(self, records: Sequence[Any], receiver: str) -> bool:
+        """Enqueue ``records`` as one batch; never blocks. ``False`` = full (or closing).
+
+        A batch larger than the whole capacity is still accepted into an *empty* queue,
+        otherwise such a request could never be delivered and the client would retry it
+        forever.
+        """
+        n = len(records)
+        with self._cond:
+            if self._closed:
+                return False
+            if self._depth + n > self.capacity and self._depth > 0:
+                return False
+            if n:
+                self._queue.append(records)
+                self._depth += n
+                self._cond.notify()
+        if n and self.metrics is not None:
+            self._count(records, receiver)
+        return True
+
+    def _count(self, records: Sequence[Any], receiver: str) -> None:
+        kinds: collections.Counter[str] = collections.Counter()
+        for r in records:
+            kinds[record_kind(r)] += 1
+        cache = self._label_cache
+        assert self.metrics is not None
+        for kind, k in kinds.items():
+            child = cache.get((receiver, kind))
+            if child is None:
+                child = cache[(receiver, kind)] = self.metrics.events_received.labels(
+                    receiver, kind
+                )
+            child.inc(k)
+
+    # --------------------------------------------------------------------- worker
+    def start(self) -> None:
+        """Start the worker thread."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="coeffd-pipeline", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the worker thread is running."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def pause(self) -> None:
+        """Stop handing batches to the consumer (tests: build up back-pressure)."""
+        with self._cond:
+            self._paused = True
+
+    def resume(self) -> None:
+        """Undo :meth:`pause`."""
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        """Block until the queue is empty and the worker is not inside ``consume``."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._queue or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.05))
+        return True
+
+    def _run(self) -> None:
+        next_tick = time.monotonic() + self.tick_interval
+        while True:
+            batch: Sequence[Any] | None = None
+            with self._cond:
+                while True:
+                    if self._stop:
+                        return
+                    if self._queue and not self._paused:
+                        batch = self._queue.popleft()
+                        self._depth -= len(batch)
+                        self._busy = True
+                        break
+                    wait = next_tick - time.monotonic()
+                    if wait <= 0:
+                        break
+                    self._cond.wait(wait)
+            if batch is not None:
+                self._call("consume", self.consumer.consume, batch)
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+            if time.monotonic() >= next_tick:
+                self._call("tick", self.consumer.tick, self._clock())
+                next_tick = time.monotonic() + self.tick_interval
+
+    def _call(self, stage: str, fn: Callable[[Any], None], arg: Any) -> None:
+        try:
+            fn(arg)
+        except Exception as e:
+            # A consumer bug must not kill the worker (the queue would fill and every
+            # receiver would answer "retry" forever); count, log (rate-limited), go on.
+            if self.metrics is not None:
+                self.metrics.consumer_errors.labels(stage).inc()
+            ok, suppressed = self._limiter.allow("consumer:" + stage)
+            if ok:
+                log.error(
+                    "pipeline consumer failed; batch skipped",
+                    stage=stage,
+                    error=repr(e),
+                    suppressed=suppressed,
+                    exc_info=True,
+                )
+
+    def close(self, drain_timeout: float = 10.0) -> bool:
+        """Refuse new offers, drain the queue (≤ ``drain_timeout`` s), close the consumer.
+
+        Returns True if everything queued was consumed.
+        """
+        with self._cond:
+            self._closed = True
+            self._paused = False
+            self._cond.notify_all()
+        drained = True
+        if self._thread is not None:
+            drained = self.wait_idle(drain_timeout)
+            with self._cond:
+                self._stop = True
+                dropped = self._depth
+                self._queue.clear()
+                self._depth = 0
+                self._cond.notify_all()
+            self._thread.join(timeout=max(drain_timeout, 1.0))
+            self._thread = None
+            if dropped:
+                log.warning("shutdown drain timed out; records dropped", dropped=dropped)
+        try:
+            self.consumer.close()
+        except Exception as e:
+            log.error("consumer close failed", error=repr(e), exc_info=True)
+        return drained
+
+
+class App:
+    """One daemon instance: settings → receivers + pipeline + HTTP server.
+
+    ``registry`` is this app's own Prometheus registry (never the global one). Other
+    components mount HTTP routes on :attr:`router` before :meth:`start` (or after: the
+    router is live) and register metrics on :attr:`registry`.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        consumer: Consumer | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.settings = settings
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = ReceiverMetrics(self.registry)
+        self.consumer: Consumer = consumer if consumer is not None else CountingConsumer()
+        self.pipeline = Pipeline(
+            self.consumer,
+            settings.pipeline.queue_capacity,
+            self.metrics,
+            tick_interval=settings.pipeline.tick_interval_seconds,
+            rate_limit_seconds=settings.log.rate_limit_seconds,
+        )
+        self.decoder = Decoder()
+        self.router = Router()
+        self.router.add_route("GET", "/metrics", self._metrics)
+        self.router.add_route("GET", "/healthz", self._healthz)
+        self.router.add_route("GET", "/readyz", self._readyz)
+        self.ready = False
+        self._stop_event = threading.Event()
+        self._started = False
+        self._stopped = False
+        self._lock = threading.Lock()
+        self._http: HttpServer | None = None
+        self._grpc: Any = None
+        self._otlp_http: Any = None
+
+    # ------------------------------------------------------------------ HTTP routes
+    def _metrics(self, req: Request) -> Response:
+        return Response(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
+
+    def _healthz(self, req: Request) -> Response:
+        if self._started and not self._stopped and not self.pipeline.alive:
+            return Response.text(503, "pipeline worker not running")
+        return Response.text(200, "ok")
+
+    def _readyz(self, req: Request) -> Response:
+        return Response.text(200, "ready") if self.ready else Response.text(503, "not ready")
+
+    # ---------------------------------------------------------------------- ports
+    @property
+    def http_port(self) -> int | None:
+        """Bound port of the metrics/health/API server."""
+        return self._http.port if self._http else None
+
+    @property
+    def grpc_port(self) -> int | None:
+        """Bound port of the OTLP/gRPC receiver."""
+        return self._grpc.port if self._grpc else None
+
+    @property
+    def otlp_http_port(self) -> int | None:
+        """Bound port of the OTLP/HTTP receiver."""
+        return self._otlp_http.port if self._otlp_http else None
+
+    # ------------------------------------------------------------------ lifecycle
+    def offer(self, records: Sequence[Record], receiver: str) -> bool:
+        """Shortcut for :meth:`Pipeline.offer`."""
+        return self.pipeline.offer(records, receiver)
+
+    def pause(self) -> None:
+        """Pause the pipeline worker (tests: back-pressure)."""
+        self.pipeline.pause()
+
+    def resume(self) -> None:
+        """Resume the pipeline worker."""
+        self.pipeline.resume()
+
+    def start(self) -> App:
+        """Start the worker, the receivers and the HTTP server; then mark ready."""
+        # Imported here: the receivers import daemon.app's siblings, keep import light.
+        from receivers.grpc.server import OtlpGrpcReceiver
+        from receivers.http.server import OtlpHttpReceiver
+
+        with self._lock:
+            if self._started:
+                return self
+            self._started = True
+        s = self.settings
+        self.pipeline.start()
+        try:
+            if s.http.enabled:
+                host, port = parse_endpoint(s.http.endpoint)
+                self._http = HttpServer(host, port, self.router, name="http")
+                self._http.start()
+            if s.receivers.otlp_grpc.enabled:
+                self._grpc = OtlpGrpcReceiver(self)
+                self._grpc.start()
+            if s.receivers.otlp_http.enabled:
+                self._otlp_http = OtlpHttpReceiver(self)
+                self._otlp_http.start()
+        except OSError as e:
+            log.error("cannot start listener", error=str(e))
+            self.stop()
+            raise
+        self.ready = True
+        log.info(
+            "coeffd started",
+            otlp_grpc=self.grpc_port,
+            otlp_http=self.otlp_http_port,
+            http=self.http_port,
+            queue_capacity=s.pipeline.queue_capacity,
+        )
+        return self
+
+    def stop(self) -> bool:
+        """Graceful stop: refuse new requests, drain the queue, close the consumer.
+
+        Returns True if the queue drained completely.
+        """
+        with self._lock:
+            if self._stopped:
+                return True
+            self._stopped = True
+        self.ready = False
+        grace = min(self.settings.pipeline.drain_timeout_seconds, 5.0)
+        if self._grpc is not None:
+            self._grpc.stop(grace)
+        if self._otlp_http is not None:
+            self._otlp_http.stop()
+        drained = self.pipeline.close(self.settings.pipeline.drain_timeout_seconds)
+        # The metrics server goes last so the final state can still be scraped while
+        # draining.
+        if self._http is not None:
+            self._http.stop()
+        self._stop_event.set()
+        log.info("coeffd stopped", drained=drained)
+        return drained
+
+    def request_stop(self) -> None:
+        """Ask :meth:`run` to shut down (signal-safe)."""
+        self._stop_event.set()
+
+    def run(self, install_signals: bool = True) -> int:
+        """Start, serve until SIGTERM/SIGINT (or :meth:`request_stop`), stop; exit code."""
+        if install_signals:
+
+            def _on_signal(signum: int, frame: FrameType | None) -> None:
+                log.info("signal received; shutting down", signal=signal.Signals(signum).name)
+                self._stop_event.set()
+
+            signal.signal(signal.SIGTERM, _on_signal)
+            signal.signal(signal.SIGINT, _on_signal)
+        self.start()
+        while not self._stop_event.wait(0.5):
+            pass
+        self.stop()
+        return 0
+
+    def __enter__(self) -> App:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

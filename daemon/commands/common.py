@@ -1,0 +1,87 @@
+"""Helpers shared by commands: the settings flags every daemon-like command takes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from daemon.log import configure_logging
+from daemon.settings import Settings, SettingsError, load_settings, set_override
+
+__all__ = ["EXIT_USAGE", "add_settings_arguments", "settings_from_args"]
+
+#: Exit code for invalid settings (same as argparse's usage errors).
+EXIT_USAGE = 2
+
+# (flag, dotted settings key, type, help)
+_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
+    ("--log-level", "log.level", str, "debug, info, warning or error"),
+    ("--log-format", "log.format", str, "auto, json or console"),
+    (
+        "--otlp-grpc-endpoint",
+        "receivers.otlp_grpc.endpoint",
+        str,
+        "HOST:PORT (default 0.0.0.0:4317)",
+    ),
+    (
+        "--otlp-http-endpoint",
+        "receivers.otlp_http.endpoint",
+        str,
+        "HOST:PORT (default 0.0.0.0:4318)",
+    ),
+    (
+        "--http-endpoint",
+        "http.endpoint",
+        str,
+        "HOST:PORT of /metrics, /healthz, /readyz, API (default 0.0.0.0:9464)",
+    ),
+    ("--queue-capacity", "pipeline.queue_capacity", str, "pipeline queue capacity in records"),
+)
+
+
+def add_settings_arguments(p: argparse.ArgumentParser) -> None:
+    """Add ``--config``, ``--set KEY=VALUE`` and the common per-key flags."""
+    p.add_argument("--config", metavar="FILE", help="TOML settings file (default: $COEFFD_CONFIG)")
+    p.add_argument(
+        "--set",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        dest="set_values",
+        help="override any setting by dotted key, e.g. --set pipeline.queue_capacity=1000 (repeatable)",
+    )
+    for flag, key, typ, text in _FLAGS:
+        p.add_argument(
+            flag,
+            metavar="VALUE",
+            type=typ,
+            default=None,
+            dest="opt_" + key.replace(".", "__"),
+            help=text,
+        )
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings | None:
+    """Load settings (defaults ← TOML ← env ← flags) and configure logging.
+
+    On invalid settings, prints the one-line error to stderr and returns None; the
+    command then exits with :data:`EXIT_USAGE`.
+    """
+    overrides: dict[str, Any] = {}
+    try:
+        for item in args.set_values:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise SettingsError(f"invalid setting {item!r}: expected KEY=VALUE")
+            set_override(overrides, key.strip(), value)
+        for _flag, key, _typ, _text in _FLAGS:
+            value = getattr(args, "opt_" + key.replace(".", "__"), None)
+            if value is not None:
+                set_override(overrides, key, value)
+        settings = load_settings(args.config, overrides)
+    except SettingsError as e:
+        print(f"coeffd: {e}", file=sys.stderr)
+        return None
+    configure_logging(settings.log.level, settings.log.format)
+    return settings

@@ -1,0 +1,93 @@
+"""``coeffd replay FILE...``: feed recorded OTLP/JSON traces through the same pipeline.
+
+Reads the Collector file exporter's format (see ``receivers.replay.reader``), waits
+for the pipeline instead of dropping when it is full, then drains and prints a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import structlog
+
+from daemon.app import App
+from daemon.commands.common import EXIT_USAGE, add_settings_arguments, settings_from_args
+from receivers.otlp.ingest import Ingestor
+from receivers.replay.reader import RECEIVER, ReplaySummary, replay_files
+
+__all__ = ["add_parser", "run"]
+
+log = structlog.get_logger(__name__)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``replay``."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "replay",
+        help="replay OTLP/JSON trace files (collector file exporter) through the pipeline",
+        description="Replay OTLP/JSON lines (.jsonl or .gz) into the pipeline.",
+    )
+    p.add_argument(
+        "files", nargs="+", metavar="FILE", help="OTLP/JSON lines files, optionally gzip"
+    )
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="also run the receivers and /metrics while replaying (default: pipeline only)",
+    )
+    add_settings_arguments(p)
+    p.set_defaults(run=run)
+    return p
+
+
+def run_replay(app: App, files: list[str], show_progress: bool | None = None) -> ReplaySummary:
+    """Replay ``files`` into a started ``app``; wait until the worker consumed them."""
+    ingestor = Ingestor.for_app(app, RECEIVER)
+
+    if show_progress is None:
+        show_progress = sys.stderr.isatty()
+    if show_progress:
+        from tqdm import tqdm
+
+        total = sum(os.path.getsize(f) for f in files)
+        with tqdm(total=total, unit="B", unit_scale=True, desc="replay", file=sys.stderr) as bar:
+
+            def advance(n: int) -> None:
+                bar.update(n)
+
+            summary = replay_files(files, ingestor, advance)
+    else:
+        summary = replay_files(files, ingestor)
+    app.pipeline.wait_idle(app.settings.pipeline.drain_timeout_seconds)
+    return summary
+
+
+def run(args: argparse.Namespace) -> int:
+    """Replay, print the summary; 0 on success, 1 if a file could not be read."""
+    settings = settings_from_args(args)
+    if settings is None:
+        return EXIT_USAGE
+    missing = [f for f in args.files if not os.path.isfile(f)]
+    if missing:
+        print(f"coeffd: no such file: {missing[0]}", file=sys.stderr)
+        return EXIT_USAGE
+    if not args.serve:
+        settings = settings.model_copy(deep=True)
+        settings.receivers.otlp_grpc.enabled = False
+        settings.receivers.otlp_http.enabled = False
+        settings.http.enabled = False
+    app = App(settings)
+    app.start()
+    try:
+        summary = run_replay(app, list(args.files))
+    except OSError as e:
+        log.error("replay failed", error=str(e))
+        app.stop()
+        return 1
+    app.stop()
+    for line in summary.lines():
+        print(line)
+    return 0

@@ -1,0 +1,261 @@
+"""A small threaded HTTP/1.1 server with a router.
+
+Stdlib ``ThreadingHTTPServer`` (one thread per connection) is enough here: the daemon's
+HTTP traffic is scrapes, probes, a few API calls and, on the OTLP/HTTP port, one
+keep-alive connection per exporting process. Handlers are plain functions
+``(Request) -> Response``; routes are exact paths or prefixes, so the serve developer
+can mount ``/v1/...`` API routes with :meth:`Router.add_route`.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import urllib.parse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from email.message import Message
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import structlog
+
+__all__ = ["Handler", "HttpServer", "Request", "Response", "Router"]
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(slots=True)
+class Request:
+    """One parsed HTTP request; ``body`` is already read (bounded by the server)."""
+
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: Message
+    body: bytes
+    client: str = ""
+
+    def header(self, name: str, default: str = "") -> str:
+        """Case-insensitive header lookup."""
+        v = self.headers.get(name)
+        return default if v is None else str(v)
+
+
+@dataclass(slots=True)
+class Response:
+    """What a handler returns."""
+
+    status: int = 200
+    body: bytes = b""
+    content_type: str = "text/plain; charset=utf-8"
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def text(cls, status: int, text: str, headers: Mapping[str, str] | None = None) -> Response:
+        """A ``text/plain`` response (a trailing newline is added)."""
+        return cls(status, (text + "\n").encode(), headers=dict(headers or {}))
+
+
+Handler = Callable[[Request], Response]
+
+
+class Router:
+    """Maps (method, path) to a handler: exact paths first, then the longest prefix.
+
+    >>> r = Router()
+    >>> r.add_route("GET", "/healthz", lambda req: Response.text(200, "ok"))
+    >>> r.add_route("GET", "/v1/", lambda req: Response.text(200, "api"), prefix=True)
+    >>> r.resolve("GET", "/v1/coefficients/x")[0] is not None
+    True
+    >>> r.resolve("POST", "/healthz")
+    (None, ['GET'])
+    """
+
+    def __init__(self) -> None:
+        self._exact: dict[str, dict[str, Handler]] = {}
+        self._prefix: list[tuple[str, dict[str, Handler]]] = []
+        self._lock = threading.Lock()
+
+    def add_route(self, method: str, path: str, handler: Handler, *, prefix: bool = False) -> None:
+        """Register ``handler``; ``prefix=True`` matches every path starting with ``path``."""
+        method = method.upper()
+        with self._lock:
+            if not prefix:
+                self._exact.setdefault(path, {})[method] = handler
+                return
+            for p, methods in self._prefix:
+                if p == path:
+                    methods[method] = handler
+                    return
+            self._prefix.append((path, {method: handler}))
+            self._prefix.sort(key=lambda t: len(t[0]), reverse=True)
+
+    def resolve(self, method: str, path: str) -> tuple[Handler | None, list[str]]:
+        """Return (handler or None, the methods allowed on that path)."""
+        methods = self._exact.get(path)
+        if methods is None:
+            for p, m in self._prefix:
+                if path.startswith(p):
+                    methods = m
+                    break
+        if methods is None:
+            return None, []
+        h = methods.get(method.upper())
+        if h is None and method.upper() == "HEAD":
+            h = methods.get("GET")
+        return h, sorted(methods)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: exporters reuse their connection
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        # Access logs would be one line per request; the metrics count requests instead.
+        pass
+
+    def _dispatch(self) -> None:
+        srv = self.server
+        url = urllib.parse.urlsplit(self.path)
+        handler, allowed = srv.router.resolve(self.command, url.path)
+        if handler is None:
+            self._read_body(discard=True)
+            if allowed:
+                self._send(Response.text(405, "method not allowed", {"Allow": ", ".join(allowed)}))
+            else:
+                self._send(Response.text(404, "not found"))
+            return
+        body = self._read_body()
+        if body is None:
+            return
+        req = Request(
+            method=self.command,
+            path=url.path,
+            query=urllib.parse.parse_qs(url.query),
+            headers=self.headers,
+            body=body,
+            client=self.client_address[0] if self.client_address else "",
+        )
+        try:
+            resp = handler(req)
+        except Exception:
+            log.exception("http handler failed", path=url.path, method=self.command)
+            resp = Response.text(500, "internal error")
+        self._send(resp, head=self.command == "HEAD")
+
+    def _read_body(self, discard: bool = False) -> bytes | None:
+        """Read the body (Content-Length or chunked) up to the server's limit."""
+        limit = self.server.max_body_bytes
+        te = (self.headers.get("Transfer-Encoding") or "").lower()
+        if "chunked" in te:
+            chunks: list[bytes] = []
+            total = 0
+            while True:
+                line = self.rfile.readline(1024)
+                try:
+                    size = int(line.split(b";", 1)[0].strip() or b"0", 16)
+                except ValueError:
+                    self.close_connection = True
+                    self._send(Response.text(400, "bad chunked encoding"))
+                    return None
+                if size == 0:
+                    while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
+                        pass
+                    break
+                total += size
+                if total > limit:
+                    self.close_connection = True
+                    self._send(Response.text(413, f"body larger than {limit} bytes"))
+                    return None
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline(1024)
+            return b"" if discard else b"".join(chunks)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            self.close_connection = True
+            self._send(Response.text(400, "bad Content-Length"))
+            return None
+        if length < 0 or length > limit:
+            self.close_connection = True  # the unread body would poison keep-alive
+            self._send(Response.text(413, f"body larger than {limit} bytes"))
+            return None
+        data = self.rfile.read(length) if length else b""
+        return b"" if discard else data
+
+    def _send(self, resp: Response, head: bool = False) -> None:
+        self.send_response(resp.status)
+        self.send_header("Content-Type", resp.content_type)
+        self.send_header("Content-Length", str(len(resp.body)))
+        for k, v in resp.headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        if not head and resp.body:
+            self.wfile.write(resp.body)
+
+    do_GET = _dispatch
+    do_POST = _dispatch
+    do_PUT = _dispatch
+    do_DELETE = _dispatch
+    do_HEAD = _dispatch
+    do_PATCH = _dispatch
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    router: Router
+    max_body_bytes: int
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Client resets and half-closed connections are normal; never print a traceback.
+        log.debug("http connection error", client=str(client_address))
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class HttpServer:
+    """A router served on ``host:port`` by a background thread (``port=0``: free port)."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        router: Router | None = None,
+        *,
+        max_body_bytes: int = 1024 * 1024,
+        name: str = "http",
+    ) -> None:
+        self.router = router or Router()
+        self.name = name
+        server_cls = _Server6 if ":" in host else _Server
+        self._server = server_cls((host, port), _Handler)
+        self._server.router = self.router
+        self._server.max_body_bytes = max_body_bytes
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful with port 0)."""
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        """Start serving in a daemon thread."""
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name=f"coeffd-{self.name}",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop accepting and close the socket."""
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread.join(timeout=5)
+            self._thread = None
+        self._server.server_close()

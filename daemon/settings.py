@@ -1,0 +1,265 @@
+"""Daemon settings: defaults ← TOML file ← environment ← command-line flags.
+
+Each concern is one nested model (a *section*); the top-level :class:`Settings` lists
+the sections. Adding a section is one line in :class:`Settings`, importing the section's
+model from the module that owns it, e.g.::
+
+    joiner: JoinerConfig = Field(default_factory=JoinerConfig)
+
+Environment variables are ``COEFFD_<SECTION>__<KEY>`` (nested with ``__``), e.g.
+``COEFFD_RECEIVERS__OTLP_GRPC__ENDPOINT=0.0.0.0:4317``. The TOML file comes from
+``--config`` or ``COEFFD_CONFIG``. Unknown keys are errors (a typo must not be silently
+ignored), and :func:`format_validation_error` turns the first problem into the one line
+the CLI prints: ``invalid setting receivers.otlp_grpc.endpoint='foo': expected HOST:PORT``.
+
+>>> s = load_settings(overrides={"pipeline": {"queue_capacity": 10}}, environ={})
+>>> (s.pipeline.queue_capacity, s.receivers.otlp_grpc.endpoint)
+(10, '0.0.0.0:4317')
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+__all__ = [
+    "HttpSettings",
+    "LogSettings",
+    "OtlpGrpcSettings",
+    "OtlpHttpSettings",
+    "PipelineSettings",
+    "ReceiverSettings",
+    "Settings",
+    "SettingsError",
+    "format_validation_error",
+    "load_settings",
+    "parse_endpoint",
+]
+
+ENV_PREFIX = "COEFFD_"
+CONFIG_ENV = "COEFFD_CONFIG"
+
+
+class SettingsError(Exception):
+    """Settings could not be loaded; ``str(e)`` is the one line to show the user."""
+
+
+def parse_endpoint(value: str) -> tuple[str, int]:
+    """Split ``HOST:PORT`` (``[v6]:PORT`` allowed; port 0 = pick a free port).
+
+    >>> parse_endpoint("0.0.0.0:4317")
+    ('0.0.0.0', 4317)
+    >>> parse_endpoint("[::1]:0")
+    ('::1', 0)
+    """
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError("expected HOST:PORT")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def _check_endpoint(value: str) -> str:
+    parse_endpoint(value)
+    return value
+
+
+Endpoint = Annotated[str, AfterValidator(_check_endpoint)]
+
+
+class _Section(BaseModel):
+    """Base of every section: unknown keys are errors, values are validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LogSettings(_Section):
+    """Logging (structlog)."""
+
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    #: ``auto``: JSON lines when stdout is not a TTY, human console output when it is.
+    format: Literal["auto", "json", "console"] = "auto"
+    #: Minimum seconds between two log lines about the same recurring problem.
+    rate_limit_seconds: float = Field(default=10.0, ge=0.0)
+
+
+class OtlpGrpcSettings(_Section):
+    """OTLP/gRPC receiver (``TraceService/Export``)."""
+
+    enabled: bool = True
+    endpoint: Endpoint = "0.0.0.0:4317"
+    #: gRPC's default is 4 MiB; a batch of 512 ``llm_core`` spans is ~1 MB and step
+    #: spans can carry large snapshot events, so allow more.
+    max_message_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
+    workers: int = Field(default=4, ge=1, le=256)
+
+
+class OtlpHttpSettings(_Section):
+    """OTLP/HTTP receiver (``POST /v1/traces`` and ``POST /``)."""
+
+    enabled: bool = True
+    endpoint: Endpoint = "0.0.0.0:4318"
+    #: Limit on the body, compressed and decompressed.
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
+
+
+class ReceiverSettings(_Section):
+    """All receivers."""
+
+    otlp_grpc: OtlpGrpcSettings = Field(default_factory=OtlpGrpcSettings)
+    otlp_http: OtlpHttpSettings = Field(default_factory=OtlpHttpSettings)
+    #: Seconds a client is told to wait before retrying when the pipeline is full.
+    retry_after_seconds: float = Field(default=1.0, gt=0.0, le=60.0)
+
+
+class HttpSettings(_Section):
+    """The daemon's own HTTP server: ``/metrics``, ``/healthz``, ``/readyz``, API routes."""
+
+    enabled: bool = True
+    endpoint: Endpoint = "0.0.0.0:9464"
+
+
+class PipelineSettings(_Section):
+    """The queue between receivers and the single pipeline worker."""
+
+    #: Records (spans + events) waiting for the worker; receivers answer "retry later"
+    #: when a request does not fit.
+    queue_capacity: int = Field(default=200_000, ge=1, le=100_000_000)
+    #: On shutdown, how long the worker may keep draining the queue.
+    drain_timeout_seconds: float = Field(default=10.0, ge=0.0, le=3600.0)
+    #: How often the consumer's ``tick`` runs (window expiry, publishing).
+    tick_interval_seconds: float = Field(default=1.0, gt=0.0, le=60.0)
+
+
+class Settings(BaseSettings):
+    """All daemon settings. Add a section here with one line (see the module docstring)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_assignment=True,
+    )
+
+    log: LogSettings = Field(default_factory=LogSettings)
+    receivers: ReceiverSettings = Field(default_factory=ReceiverSettings)
+    http: HttpSettings = Field(default_factory=HttpSettings)
+    pipeline: PipelineSettings = Field(default_factory=PipelineSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # load_settings() composes TOML, env and CLI layers itself; Settings(**kw) is
+        # defaults + kw only, so tests constructing Settings() never see the process env.
+        return (init_settings,)
+
+
+def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def format_validation_error(err: ValidationError, layers: Mapping[str, Any] | None = None) -> str:
+    """One line naming the key, the offending value and what is allowed."""
+    e = err.errors(include_url=False)[0]
+    key = ".".join(str(p) for p in e["loc"]) or "<root>"
+    msg = e["msg"]
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if msg.startswith(prefix):
+            msg = msg[len(prefix) :]
+    if e["type"] == "extra_forbidden":
+        return f"invalid setting {key}: unknown key"
+    if e["type"] == "missing":
+        return f"invalid setting {key}: required"
+    return f"invalid setting {key}={e.get('input')!r}: {msg}"
+
+
+def _toml_layer(path: str | os.PathLike[str]) -> dict[str, Any]:
+    try:
+        with Path(path).open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise SettingsError(f"invalid setting config={str(path)!r}: file not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SettingsError(f"invalid setting config={str(path)!r}: {e}") from None
+    except OSError as e:
+        raise SettingsError(f"invalid setting config={str(path)!r}: {e.strerror}") from None
+
+
+def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
+    src = EnvSettingsSource(
+        Settings,
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        case_sensitive=False,
+    )
+    # EnvSettingsSource reads os.environ; give it the mapping we were handed instead so
+    # tests (and `serve` in a subprocess) are explicit about their environment.
+    src.env_vars = {k.lower(): v for k, v in environ.items()}
+    return src()
+
+
+def load_settings(
+    config: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Build :class:`Settings` from defaults ← TOML ← env ← ``overrides`` (CLI flags).
+
+    ``config`` defaults to ``$COEFFD_CONFIG``. Raises :class:`SettingsError` with the
+    one-line message on any invalid value or unknown key.
+    """
+    env = os.environ if environ is None else environ
+    path = config or env.get(CONFIG_ENV) or None
+    data: dict[str, Any] = {}
+    if path:
+        data = _toml_layer(path)
+    try:
+        data = _deep_merge(data, _env_layer(env))
+    except (ValueError, ValidationError) as e:  # e.g. malformed JSON in a complex env var
+        raise SettingsError(f"invalid setting in environment: {e}") from None
+    if overrides:
+        data = _deep_merge(data, overrides)
+    try:
+        return _build(data)
+    except ValidationError as e:
+        raise SettingsError(format_validation_error(e)) from None
+
+
+def _build(data: dict[str, Any]) -> Settings:
+    return Settings(**data)
+
+
+def set_override(overrides: dict[str, Any], dotted: str, value: Any) -> None:
+    """Put ``value`` at ``a.b.c`` inside the nested ``overrides`` dict (for CLI flags)."""
+    parts = dotted.split(".")
+    node = overrides
+    for p in parts[:-1]:
+        nxt = node.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise SettingsError(f"invalid setting {dotted}: {p} is not a section")
+        node = nxt
+    node[parts[-1]] = value

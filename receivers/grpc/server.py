@@ -1,0 +1,105 @@
+"""OTLP/gRPC receiver: ``opentelemetry.proto.collector.trace.v1.TraceService/Export``.
+
+Answers honestly (spec §1.2, §1.5): success only after the records are in the pipeline
+queue; ``UNAVAILABLE`` with a RetryInfo when the queue is full, so the SDK exporter
+sleeps our delay and resends instead of dropping; ``partial_success`` naming what was
+rejected. The RetryInfo goes out twice: as the standard ``grpc-status-details-bin``
+(a ``google.rpc.Status`` with the RetryInfo in ``details``) and as
+``google.rpc.retryinfo-bin``, the trailer the OpenTelemetry Python exporter reads.
+"""
+
+from __future__ import annotations
+
+from concurrent import futures
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import structlog
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from daemon.settings import parse_endpoint
+from receivers.otlp.ingest import Ingestor, Outcome
+
+if TYPE_CHECKING:
+    from daemon.app import App
+
+__all__ = ["RECEIVER", "OtlpGrpcReceiver", "retry_trailers"]
+
+log = structlog.get_logger(__name__)
+
+RECEIVER = "otlp_grpc"
+
+
+def retry_trailers(delay_seconds: float, message: str) -> tuple[tuple[str, bytes], ...]:
+    """Trailing metadata telling a gRPC client to retry after ``delay_seconds``."""
+    secs = int(delay_seconds)
+    delay = duration_pb2.Duration(seconds=secs, nanos=round((delay_seconds - secs) * 1e9))
+    info = error_details_pb2.RetryInfo(retry_delay=delay)
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    status = status_pb2.Status(code=code_pb2.UNAVAILABLE, message=message, details=[detail])
+    return (
+        ("grpc-status-details-bin", status.SerializeToString()),
+        ("google.rpc.retryinfo-bin", info.SerializeToString()),
+    )
+
+
+class _Servicer(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self, ingestor: Ingestor, retry_after: float) -> None:
+        self._ingestor = ingestor
+        self._trailers = retry_trailers(retry_after, "coeffd pipeline full, retry later")
+
+    def Export(
+        self, request: trace_service_pb2.ExportTraceServiceRequest, context: Any
+    ) -> trace_service_pb2.ExportTraceServiceResponse:
+        got = self._ingestor.ingest(request, peer=context.peer())
+        if got.outcome is Outcome.RETRY:
+            context.set_trailing_metadata(self._trailers)
+            context.set_code(grpc.StatusCode.UNAVAILABLE)
+            context.set_details("coeffd pipeline full, retry later")
+            return trace_service_pb2.ExportTraceServiceResponse()
+        if got.outcome is Outcome.PARTIAL:
+            res = got.result
+            return trace_service_pb2.ExportTraceServiceResponse(
+                partial_success=trace_service_pb2.ExportTracePartialSuccess(
+                    rejected_spans=res.rejected_spans, error_message=res.error_message()
+                )
+            )
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+class OtlpGrpcReceiver:
+    """A grpcio server bound to ``settings.receivers.otlp_grpc.endpoint``."""
+
+    def __init__(self, app: App) -> None:
+        cfg = app.settings.receivers.otlp_grpc
+        self.ingestor = Ingestor.for_app(app, RECEIVER)
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="coeffd-grpc"),
+            options=[
+                ("grpc.max_receive_message_length", cfg.max_message_bytes),
+                ("grpc.max_send_message_length", 4 * 1024 * 1024),
+            ],
+        )
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(
+            _Servicer(self.ingestor, app.settings.receivers.retry_after_seconds), self._server
+        )
+        host, port = parse_endpoint(cfg.endpoint)
+        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            bound = self._server.add_insecure_port(target)
+        except RuntimeError as e:  # grpcio ≥1.60 raises instead of returning 0
+            raise OSError(f"cannot bind OTLP/gRPC receiver to {target}: {e}") from None
+        if not bound:
+            raise OSError(f"cannot bind OTLP/gRPC receiver to {target}")
+        self.port: int = bound
+
+    def start(self) -> None:
+        """Start serving."""
+        self._server.start()
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop accepting; let in-flight calls finish for up to ``grace`` seconds."""
+        self._server.stop(grace).wait(grace + 1.0)

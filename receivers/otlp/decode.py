@@ -1,0 +1,668 @@
+"""OTLP ``ExportTraceServiceRequest`` → event records (spec ``vllm-telemetry.md`` §2).
+
+The decoder is the receivers' hot path: every span and event of every vLLM process
+passes through it. It therefore walks each attribute list exactly once, looking each key
+up in a per-record-kind table that says which slot of the record it fills and which
+type it must have, and converts values inline. Protobuf accessors on this path cost
+~100–200 ns each (one Python wrapper per access), so the number of accessor calls per
+attribute is what the code minimises, not lines.
+
+Bad input never raises out of this module: a span or event with a missing or mistyped
+required attribute, a non-finite number, or an absurd value (negative count, an integer
+beyond :data:`MAX_COUNT`) is *rejected* with a reason and skipped; spans, events and
+scopes we do not know are *ignored* (counted only); the rest of the request is still
+decoded.
+
+>>> from receivers.otlp.decode import decode_json
+>>> res = decode_json(b'{"resourceSpans": []}')
+>>> (res.records, res.rejected, res.ignored)
+([], 0, 0)
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from google.protobuf import json_format
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+
+from receivers.records import (
+    ApiEvent,
+    ApiKind,
+    AttrValue,
+    BatchSummary,
+    CoreSpan,
+    JourneyEvent,
+    JourneyKind,
+    Record,
+    RequestSnapshot,
+    RequestSpan,
+    Source,
+    SpanInfo,
+    StepSpan,
+)
+
+__all__ = [
+    "MAX_COUNT",
+    "SCOPE_API",
+    "SCOPE_SCHEDULER",
+    "SCOPE_STEP",
+    "DecodeResult",
+    "Decoder",
+    "JsonDecodeError",
+    "decode_json",
+    "decode_request",
+    "parse_json_request",
+    "record_kind",
+    "source_for_resource",
+]
+
+SCOPE_API = "vllm.api"
+SCOPE_SCHEDULER = "vllm.scheduler"
+SCOPE_STEP = "vllm.scheduler.step"
+
+#: Largest integer accepted for counts, steps and token numbers. Real values are far
+#: below (steps ~1e9 after years of uptime); anything above is corruption.
+MAX_COUNT = 1 << 48
+#: Largest accepted nanosecond timestamp (int64 max: what OTLP can carry).
+MAX_NS = (1 << 63) - 1
+
+_STATUS_CODE_ERROR = 2  # opentelemetry.proto.trace.v1.Status.STATUS_CODE_ERROR
+
+
+class _Reject(Exception):
+    """Internal: a span or event is bad; ``args[0]`` is the reason label."""
+
+
+@dataclass(slots=True)
+class DecodeResult:
+    """What one request decoded to.
+
+    ``records`` are in request order, each span's record followed by its events'.
+    ``rejected`` counts bad spans and events (a rejected span also rejects its events,
+    reason ``parent_rejected``); ``reasons`` counts them by reason label
+    (``missing:<key>``, ``type:<key>``, ``nonfinite:<key>``, ``range:<key>``, …).
+    ``ignored`` counts well-formed things we do not use (unknown scopes, spans, events).
+    ``rejected_spans`` is the number of spans with at least one rejected part, which is
+    what OTLP's ``partial_success.rejected_spans`` reports.
+    """
+
+    records: list[Record] = field(default_factory=list)
+    rejected: int = 0
+    reasons: Counter[str] = field(default_factory=Counter)
+    ignored: int = 0
+    rejected_spans: int = 0
+
+    def merge(self, other: DecodeResult) -> None:
+        """Add ``other`` into this result (used by replay to sum up a file)."""
+        self.records.extend(other.records)
+        self.rejected += other.rejected
+        self.reasons.update(other.reasons)
+        self.ignored += other.ignored
+        self.rejected_spans += other.rejected_spans
+
+    def error_message(self) -> str:
+        """A short human summary of the rejections, for OTLP ``error_message``."""
+        if not self.rejected:
+            return ""
+        top = ", ".join(f"{r}={n}" for r, n in self.reasons.most_common(5))
+        return f"rejected {self.rejected} spans/events: {top}"
+
+
+def record_kind(record: Record) -> str:
+    """The ``kind`` label of a record: its class name, or ``<class>.<KIND>`` for events.
+
+    >>> from receivers.otlp.decode import record_kind
+    >>> record_kind.__name__
+    'record_kind'
+    """
+    kind = getattr(record, "kind", None)
+    name = type(record).__name__
+    return f"{name}.{kind.value}" if kind is not None else name
+
+
+# --------------------------------------------------------------------- value access
+# Type codes of attribute slots.
+_INT = 0  # non-negative int, accepts an integral double, bounded by MAX_COUNT
+_NS = 1  # non-negative int nanoseconds, bounded by MAX_NS
+_FLOAT = 2  # finite float, accepts int
+_STR = 3  # string
+_SECONDS = 4  # finite float seconds → int nanoseconds
+
+
+def _any_to_python(v: AnyValue) -> AttrValue:
+    """Convert a resource AnyValue to a scalar; arrays/maps become compact JSON text."""
+    which = v.WhichOneof("value")
+    if which == "string_value":
+        return v.string_value
+    if which == "int_value":
+        return v.int_value
+    if which == "double_value":
+        return v.double_value
+    if which == "bool_value":
+        return v.bool_value
+    if which == "bytes_value":
+        return v.bytes_value.hex()
+    if which is None:
+        return ""
+    return json.dumps(json_format.MessageToDict(v), sort_keys=True, separators=(",", ":"))
+
+
+def _int_slow(v: AnyValue, key: str) -> int:
+    """Integer slot whose fast read gave 0: zero, an integral double, or a type error."""
+    which = v.WhichOneof("value")
+    if which == "int_value":
+        return 0
+    if which == "double_value":
+        d = v.double_value
+        if not math.isfinite(d):
+            raise _Reject("nonfinite:" + key)
+        if not d.is_integer():
+            raise _Reject("type:" + key)
+        return int(d)
+    raise _Reject("type:" + key)
+
+
+def _float_slow(v: AnyValue, key: str) -> float:
+    """Float slot whose fast read gave 0.0: zero, an int, or a type error."""
+    which = v.WhichOneof("value")
+    if which == "double_value":
+        return 0.0
+    if which == "int_value":
+        return float(v.int_value)
+    raise _Reject("type:" + key)
+
+
+def _str_slow(v: AnyValue, key: str) -> str:
+    """String slot whose fast read gave ``""``: empty string or a type error."""
+    if v.WhichOneof("value") == "string_value":
+        return ""
+    raise _Reject("type:" + key)
+
+
+def _read(attrs: Iterable[Any], table: Mapping[str, tuple[int, int]], out: list[Any]) -> None:
+    """Walk ``attrs`` once; fill ``out[slot]`` for every key in ``table``.
+
+    Fast paths read the expected arm directly: a non-zero/non-empty result proves the
+    arm (oneof arms read as their default when unset), so ``WhichOneof`` is only called
+    for zeros, which keeps accessor calls near two per attribute.
+    """
+    for kv in attrs:
+        spec = table.get(kv.key)
+        if spec is None:
+            continue
+        slot, t = spec
+        v = kv.value
+        if t == _INT:
+            x = v.int_value
+            if not x:
+                x = _int_slow(v, kv.key)
+            if x < 0 or x > MAX_COUNT:
+                raise _Reject("range:" + kv.key)
+            out[slot] = x
+        elif t == _STR:
+            s = v.string_value
+            out[slot] = s if s else _str_slow(v, kv.key)
+        elif t == _NS:
+            x = v.int_value
+            if not x:
+                x = _int_slow(v, kv.key)
+            if x < 0:
+                raise _Reject("range:" + kv.key)
+            out[slot] = x
+        elif t == _FLOAT:
+            d = v.double_value
+            if not d:
+                d = _float_slow(v, kv.key)
+            elif d - d != 0.0:  # NaN or ±inf, cheaper than math.isfinite
+                raise _Reject("nonfinite:" + kv.key)
+            out[slot] = d
+        else:  # _SECONDS
+            d = v.double_value
+            if not d:
+                d = _float_slow(v, kv.key)
+            elif d - d != 0.0:
+                raise _Reject("nonfinite:" + kv.key)
+            if d < 0.0 or d > 9.2e9:
+                raise _Reject("range:" + kv.key)
+            out[slot] = round(d * 1e9)
+
+
+class _Missing:
+    """Sentinel type for an unfilled slot (distinct from a legitimate ``None``)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING: Any = _Missing()
+
+
+def _table(*keys: tuple[str, int]) -> dict[str, tuple[int, int]]:
+    return {k: (i, t) for i, (k, t) in enumerate(keys)}
+
+
+def _require(vals: list[Any], keys: tuple[str, ...], n: int) -> None:
+    """Raise for the first of the first ``n`` slots that is still missing."""
+    if _MISSING in vals[:n]:
+        raise _Reject("missing:" + keys[vals.index(_MISSING)])
+
+
+# ------------------------------------------------------------------ attribute tables
+# Slots are in record field order so that the record is built with ``*vals``.
+
+_REQ_KEYS = (
+    ("gen_ai.request.id", _STR),
+    ("http.route", _STR),
+    ("gen_ai.response.model", _STR),
+    ("gen_ai.usage.prompt_tokens", _INT),
+    ("gen_ai.usage.completion_tokens", _INT),
+    ("gen_ai.request.max_tokens", _INT),
+    ("gen_ai.request.n", _INT),
+    ("gen_ai.request.temperature", _FLOAT),
+    ("gen_ai.request.top_p", _FLOAT),
+)
+_REQ_TABLE = _table(*_REQ_KEYS)
+_REQ_NAMES = tuple(k for k, _ in _REQ_KEYS)
+
+_CORE_TABLE = _table(("gen_ai.request.id", _STR))
+
+_STEPSPAN_KEYS = (
+    ("scheduler.span_sequence", _INT),
+    ("scheduler.step_range_start", _INT),
+    ("scheduler.closure_interval", _INT),
+    ("scheduler.step_range_end", _INT),
+)
+_STEPSPAN_TABLE = _table(*_STEPSPAN_KEYS)
+_STEPSPAN_NAMES = tuple(k for k, _ in _STEPSPAN_KEYS)
+
+_API_TABLE = _table(("event.ts.monotonic", _SECONDS), ("reason", _STR), ("error", _STR))
+
+_JOURNEY_KEYS = (
+    ("ts.monotonic_ns", _NS),
+    ("scheduler.step", _INT),
+    ("phase", _STR),
+    ("prefill.done_tokens", _INT),
+    ("prefill.total_tokens", _INT),
+    ("decode.done_tokens", _INT),
+    ("decode.max_tokens", _INT),
+    ("num_preemptions", _INT),
+    ("schedule.kind", _STR),
+    ("finish.status", _STR),
+    ("ts.monotonic", _SECONDS),  # fallback only when ts.monotonic_ns is absent
+)
+_JOURNEY_TABLE = _table(*_JOURNEY_KEYS)
+_JOURNEY_NAMES = tuple(k for k, _ in _JOURNEY_KEYS)
+_JOURNEY_REQUIRED = 8
+
+_SUMMARY_KEYS = (
+    ("step.id", _INT),
+    ("step.ts_start_ns", _NS),
+    ("step.ts_end_ns", _NS),
+    ("step.duration_us", _INT),
+    ("queue.running_depth", _INT),
+    ("queue.waiting_depth", _INT),
+    ("batch.num_prefill_reqs", _INT),
+    ("batch.num_decode_reqs", _INT),
+    ("batch.scheduled_tokens", _INT),
+    ("batch.prefill_tokens", _INT),
+    ("batch.decode_tokens", _INT),
+    ("batch.num_finished", _INT),
+    ("batch.num_preempted", _INT),
+    ("kv.usage_gpu_ratio", _FLOAT),
+    ("kv.blocks_total_gpu", _INT),
+    ("kv.blocks_free_gpu", _INT),
+)
+_SUMMARY_TABLE = _table(*_SUMMARY_KEYS)
+_SUMMARY_NAMES = tuple(k for k, _ in _SUMMARY_KEYS)
+
+_SNAPSHOT_KEYS = (
+    ("step.id", _INT),
+    ("request.id", _STR),
+    ("request.phase", _STR),
+    ("request.num_prompt_tokens", _INT),
+    ("request.num_computed_tokens", _INT),
+    ("request.num_output_tokens", _INT),
+    ("request.num_preemptions", _INT),
+    ("request.scheduled_tokens_this_step", _INT),
+    ("kv.blocks_allocated_gpu", _INT),
+    ("kv.blocks_cached_gpu", _INT),
+    ("request.effective_prompt_len", _INT),
+)
+_SNAPSHOT_TABLE = _table(*_SNAPSHOT_KEYS)
+_SNAPSHOT_NAMES = tuple(k for k, _ in _SNAPSHOT_KEYS)
+_SNAPSHOT_REQUIRED = 10
+
+_MISSING16 = [_MISSING] * 16
+_MISSING11 = [_MISSING] * 11
+
+
+# ----------------------------------------------------------------------- resources
+
+
+def source_for_resource(resource: Resource) -> Source:
+    """Build the :class:`Source` of a resource: id = short hash of sorted attributes.
+
+    The id is stable across restarts of an identically configured process, and
+    independent of attribute order.
+    """
+    attrs = tuple(sorted((kv.key, _any_to_python(kv.value)) for kv in resource.attributes))
+    digest = hashlib.blake2b(
+        json.dumps(attrs, separators=(",", ":")).encode(), digest_size=6
+    ).hexdigest()
+    return Source(id=digest, attributes=attrs)
+
+
+class Decoder:
+    """Decodes requests; caches one :class:`Source` per distinct resource.
+
+    One long-lived instance per receiver. The cache key is the resource's serialized
+    bytes (cheap: a handful of attributes, serialized in C); the cache is bounded and
+    simply cleared when full, since resources are few (one per exporting process).
+    Thread safety: concurrent ``decode`` calls may both compute the same Source; the
+    result is identical, so the race is harmless.
+    """
+
+    def __init__(self, max_sources: int = 4096) -> None:
+        self._sources: dict[bytes, Source] = {}
+        self._max_sources = max_sources
+
+    def source(self, resource: Resource) -> Source:
+        """Return the cached Source of ``resource``."""
+        key = resource.SerializeToString(deterministic=True)
+        src = self._sources.get(key)
+        if src is None:
+            if len(self._sources) >= self._max_sources:
+                self._sources.clear()
+            src = self._sources[key] = source_for_resource(resource)
+        return src
+
+    def decode(self, req: ExportTraceServiceRequest) -> DecodeResult:
+        """Decode one request (see the module docstring for the rules)."""
+        res = DecodeResult()
+        out = res.records
+        for rs in req.resource_spans:
+            source = self.source(rs.resource)
+            for ss in rs.scope_spans:
+                scope = ss.scope.name
+                handler = _SCOPES.get(scope)
+                if handler is None:
+                    for span in ss.spans:
+                        res.ignored += 1 + len(span.events)
+                    continue
+                accepts, span_parser, event_parsers = handler
+                for span in ss.spans:
+                    if not accepts(span.name):
+                        res.ignored += 1 + len(span.events)
+                        continue
+                    try:
+                        info = _span_info(span, scope, source)
+                        out.append(span_parser(span, info))
+                    except _Reject as e:
+                        _reject_span(res, span, e.args[0])
+                        continue
+                    _decode_events(span, info, event_parsers, out, res)
+        return res
+
+
+def _decode_events(
+    span: Any,
+    info: SpanInfo,
+    parsers: Mapping[str, _EventParser],
+    out: list[Record],
+    res: DecodeResult,
+) -> None:
+    """Append one record per known event of ``span``; reject bad ones individually."""
+    flagged = False  # whether this span already counts in res.rejected_spans
+    for ev in span.events:
+        parse = parsers.get(ev.name)
+        if parse is None:
+            res.ignored += 1
+            continue
+        try:
+            wall = ev.time_unix_nano
+            if wall <= 0 or wall > MAX_NS:
+                raise _Reject("range:timeUnixNano")
+            out.append(parse(ev, info, wall))
+        except _Reject as e:
+            res.rejected += 1
+            res.reasons[e.args[0]] += 1
+            if not flagged:
+                res.rejected_spans += 1
+                flagged = True
+
+
+def _span_info(span: Any, scope: str, source: Source) -> SpanInfo:
+    trace_id = span.trace_id
+    span_id = span.span_id
+    if len(trace_id) != 16 or len(span_id) != 8:
+        raise _Reject("ids")
+    start = span.start_time_unix_nano
+    end = span.end_time_unix_nano
+    if start <= 0 or end <= 0 or start > MAX_NS or end > MAX_NS:
+        raise _Reject("range:span_time")
+    return SpanInfo(
+        trace_id,
+        span_id,
+        span.parent_span_id,
+        span.name,
+        scope,
+        source,
+        start,
+        end,
+        span.dropped_events_count,
+    )
+
+
+def _reject_span(res: DecodeResult, span: Any, reason: str) -> None:
+    n_events = len(span.events)
+    res.rejected += 1 + n_events
+    res.reasons[reason] += 1
+    if n_events:
+        res.reasons["parent_rejected"] += n_events
+    res.rejected_spans += 1
+
+
+# ------------------------------------------------------------------ span parsers
+
+
+def _request_span(span: Any, info: SpanInfo) -> Record:
+    vals: list[Any] = [_MISSING, None, None, None, None, None, None, None, None]
+    _read(span.attributes, _REQ_TABLE, vals)
+    _require(vals, _REQ_NAMES, 1)
+    vals.append(span.status.code == _STATUS_CODE_ERROR)
+    return RequestSpan(info, *vals)
+
+
+def _core_span(span: Any, info: SpanInfo) -> Record:
+    vals: list[Any] = [_MISSING]
+    _read(span.attributes, _CORE_TABLE, vals)
+    if vals[0] is _MISSING:
+        raise _Reject("missing:gen_ai.request.id")
+    return CoreSpan(info, vals[0])
+
+
+def _step_span(span: Any, info: SpanInfo) -> Record:
+    vals: list[Any] = [_MISSING, _MISSING, _MISSING, None]
+    _read(span.attributes, _STEPSPAN_TABLE, vals)
+    _require(vals, _STEPSPAN_NAMES, 3)
+    return StepSpan(info, *vals)
+
+
+# ----------------------------------------------------------------- event parsers
+
+
+def _api_parser(kind: ApiKind) -> _EventParser:
+    def parse(ev: Any, info: SpanInfo, wall: int) -> Record:
+        vals: list[Any] = [_MISSING, None, None]
+        _read(ev.attributes, _API_TABLE, vals)
+        if vals[0] is _MISSING:
+            raise _Reject("missing:event.ts.monotonic")
+        return ApiEvent(info, kind, wall, *vals)
+
+    return parse
+
+
+def _journey_parser(kind: JourneyKind) -> _EventParser:
+    def parse(ev: Any, info: SpanInfo, wall: int) -> Record:
+        v = _MISSING11.copy()
+        _read(ev.attributes, _JOURNEY_TABLE, v)
+        if v[0] is _MISSING:
+            # Spec: ts.monotonic == ts.monotonic_ns / 1e9; use it when ns is absent.
+            v[0] = v[10]
+        _require(v, _JOURNEY_NAMES, _JOURNEY_REQUIRED)
+        sk = v[8]
+        fs = v[9]
+        return JourneyEvent(
+            info,
+            kind,
+            wall,
+            v[0],
+            v[1],
+            v[2],
+            v[3],
+            v[4],
+            v[5],
+            v[6],
+            v[7],
+            None if sk is _MISSING else sk,
+            None if fs is _MISSING else fs,
+        )
+
+    return parse
+
+
+def _batch_summary(ev: Any, info: SpanInfo, wall: int) -> Record:
+    v = _MISSING16.copy()
+    _read(ev.attributes, _SUMMARY_TABLE, v)
+    _require(v, _SUMMARY_NAMES, 16)
+    ratio = v[13]
+    if ratio < 0.0 or ratio > 1.0:
+        raise _Reject("range:kv.usage_gpu_ratio")
+    return BatchSummary(info, wall, *v)
+
+
+def _request_snapshot(ev: Any, info: SpanInfo, wall: int) -> Record:
+    v = _MISSING11.copy()
+    _read(ev.attributes, _SNAPSHOT_TABLE, v)
+    _require(v, _SNAPSHOT_NAMES, _SNAPSHOT_REQUIRED)
+    if v[10] is _MISSING:
+        v[10] = None
+    return RequestSnapshot(info, wall, *v)
+
+
+_EventParser = Callable[[Any, SpanInfo, int], Record]
+_SpanParser = Callable[[Any, SpanInfo], Record]
+
+#: scope → (accepts span name, span parser, event name → event parser)
+_SCOPES: dict[str, tuple[Callable[[str], bool], _SpanParser, dict[str, _EventParser]]] = {
+    SCOPE_API: (
+        "llm_request".__eq__,
+        _request_span,
+        {"api." + k.value: _api_parser(k) for k in ApiKind},
+    ),
+    SCOPE_SCHEDULER: (
+        "llm_core".__eq__,
+        _core_span,
+        {"journey." + k.value: _journey_parser(k) for k in JourneyKind},
+    ),
+    SCOPE_STEP: (
+        lambda name: name.startswith("scheduler_steps_"),
+        _step_span,
+        {"step.BATCH_SUMMARY": _batch_summary, "step.REQUEST_SNAPSHOT": _request_snapshot},
+    ),
+}
+
+
+def decode_request(req: ExportTraceServiceRequest, decoder: Decoder | None = None) -> DecodeResult:
+    """Decode one ``ExportTraceServiceRequest`` into records (spans first, then events).
+
+    Pass a long-lived :class:`Decoder` to reuse its Source cache across requests.
+    """
+    return (decoder or Decoder()).decode(req)
+
+
+# ------------------------------------------------------------------------ OTLP/JSON
+
+
+class JsonDecodeError(ValueError):
+    """The body is not an OTLP/JSON ``ExportTraceServiceRequest``."""
+
+
+_ID_KEYS = ("traceId", "spanId", "parentSpanId")
+
+
+def _hex_ids_to_base64(obj: Any) -> None:
+    """OTLP/JSON writes trace/span ids as hex, protobuf's JSON mapping wants base64.
+
+    Rewrites ids in place in spans and their links; ids that are not valid hex are left
+    as they are (so a base64 producer still works, and garbage fails in the parser).
+    """
+    if not isinstance(obj, dict):
+        return
+    for rs in obj.get("resourceSpans") or ():
+        if not isinstance(rs, dict):
+            continue
+        for ss in rs.get("scopeSpans") or ():
+            if not isinstance(ss, dict):
+                continue
+            for span in ss.get("spans") or ():
+                if not isinstance(span, dict):
+                    continue
+                _fix_ids(span)
+                for link in span.get("links") or ():
+                    if isinstance(link, dict):
+                        _fix_ids(link)
+
+
+def _fix_ids(d: dict[str, Any]) -> None:
+    for k in _ID_KEYS:
+        v = d.get(k)
+        if isinstance(v, str) and v and len(v) % 2 == 0:
+            try:
+                raw = bytes.fromhex(v)
+            except ValueError:
+                continue
+            d[k] = base64.b64encode(raw).decode("ascii")
+
+
+def parse_json_request(data: bytes | str | Mapping[str, Any]) -> ExportTraceServiceRequest:
+    """Parse an OTLP/JSON body (bytes, text, or an already loaded dict) into the proto.
+
+    Raises :class:`JsonDecodeError` with a short message when it is not one.
+    """
+    if isinstance(data, bytes | bytearray | memoryview | str):
+        try:
+            obj = orjson.loads(data if isinstance(data, str) else bytes(data))
+        except orjson.JSONDecodeError as e:
+            raise JsonDecodeError(f"invalid JSON: {e}") from None
+    else:
+        obj = dict(data)
+    if not isinstance(obj, dict):
+        raise JsonDecodeError("OTLP/JSON body must be a JSON object")
+    _hex_ids_to_base64(obj)
+    req = ExportTraceServiceRequest()
+    try:
+        json_format.ParseDict(obj, req, ignore_unknown_fields=True)
+    except (json_format.ParseError, ValueError, TypeError) as e:
+        raise JsonDecodeError(f"not an OTLP ExportTraceServiceRequest: {e}") from None
+    return req
+
+
+def decode_json(
+    data: bytes | str | Mapping[str, Any], decoder: Decoder | None = None
+) -> DecodeResult:
+    """OTLP/JSON → records: :func:`parse_json_request` then the protobuf decoder."""
+    return decode_request(parse_json_request(data), decoder)

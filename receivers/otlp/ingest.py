@@ -1,0 +1,145 @@
+"""Shared by every OTLP receiver: decode → enqueue → count → log once → outcome.
+
+The receivers differ only in how they read bytes and how they answer; what happens to
+a decoded request (and what is counted) must be identical, so it lives here.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from daemon.log import RateLimiter
+from daemon.metrics import ReceiverMetrics
+from receivers.otlp.decode import Decoder, DecodeResult
+
+if TYPE_CHECKING:
+    from daemon.app import App
+
+__all__ = ["Ingestor", "Outcome"]
+
+log = structlog.get_logger(__name__)
+
+Offer = Callable[[Sequence[Any], str], bool]
+
+
+class Outcome(enum.StrEnum):
+    """Request outcome label of ``coeffd_receiver_requests_total``."""
+
+    OK = "ok"
+    PARTIAL = "partial"  # accepted, but some spans/events were rejected
+    INVALID = "invalid"  # undecodable body
+    RETRY = "retry"  # pipeline full: client told to retry
+
+
+@dataclass(slots=True)
+class Ingested:
+    """Result of :meth:`Ingestor.ingest`."""
+
+    outcome: Outcome
+    result: DecodeResult
+
+
+class Ingestor:
+    """Decode a request, offer its records to the pipeline, account for everything."""
+
+    def __init__(
+        self,
+        receiver: str,
+        decoder: Decoder,
+        offer: Offer,
+        metrics: ReceiverMetrics,
+        limiter: RateLimiter | None = None,
+        closed: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self._closed = closed
+        self.receiver = receiver
+        self.decoder = decoder
+        self.offer = offer
+        self.metrics = metrics
+        self.limiter = limiter or RateLimiter()
+        self._decode_hist = metrics.decode_seconds.labels(receiver)
+        self._requests = {o: metrics.requests.labels(receiver, o.value) for o in Outcome}
+        self._ignored = metrics.events_ignored.labels(receiver)
+
+    @classmethod
+    def for_app(cls, app: App, receiver: str) -> Ingestor:
+        """An ingestor feeding ``app``'s pipeline, with the app's decoder and metrics."""
+        return cls(
+            receiver,
+            app.decoder,
+            app.pipeline.offer,
+            app.metrics,
+            RateLimiter(app.settings.log.rate_limit_seconds),
+            closed=lambda: app.pipeline.closed,
+        )
+
+    def ingest(
+        self, req: ExportTraceServiceRequest, peer: str = "", wait: bool = False
+    ) -> Ingested:
+        """Decode and enqueue ``req``. ``RETRY`` means nothing was enqueued or counted
+        as received (the client will resend the same request).
+
+        ``wait=True`` (replay: there is no client to push back on) retries the offer
+        until the pipeline has room or is closed, instead of answering ``RETRY``.
+        """
+        t0 = time.perf_counter()
+        res = self.decoder.decode(req)
+        self._decode_hist.observe(time.perf_counter() - t0)
+        accepted = self.offer(res.records, self.receiver)
+        while not accepted and wait and not self._closed():
+            time.sleep(0.005)
+            accepted = self.offer(res.records, self.receiver)
+        if not accepted:
+            self._requests[Outcome.RETRY].inc()
+            ok, suppressed = self.limiter.allow("retry")
+            if ok:
+                log.warning(
+                    "pipeline full; client told to retry",
+                    receiver=self.receiver,
+                    records=len(res.records),
+                    peer=peer,
+                    suppressed=suppressed,
+                )
+            return Ingested(Outcome.RETRY, res)
+        if res.ignored:
+            self._ignored.inc(res.ignored)
+        if res.rejected:
+            for reason, n in res.reasons.items():
+                self.metrics.events_rejected.labels(self.receiver, reason).inc(n)
+            self._requests[Outcome.PARTIAL].inc()
+            ok, suppressed = self.limiter.allow("rejected")
+            if ok:
+                log.warning(
+                    "rejected malformed spans/events",
+                    receiver=self.receiver,
+                    rejected=res.rejected,
+                    accepted=len(res.records),
+                    reasons=dict(res.reasons),
+                    peer=peer,
+                    suppressed=suppressed,
+                )
+            return Ingested(Outcome.PARTIAL, res)
+        self._requests[Outcome.OK].inc()
+        return Ingested(Outcome.OK, res)
+
+    def invalid(self, reason: str, peer: str = "", size: int = 0) -> None:
+        """Account for an undecodable request body (counted, logged once)."""
+        self._requests[Outcome.INVALID].inc()
+        self.metrics.events_rejected.labels(self.receiver, "undecodable").inc()
+        ok, suppressed = self.limiter.allow("invalid")
+        if ok:
+            log.warning(
+                "undecodable export request",
+                receiver=self.receiver,
+                reason=reason,
+                bytes=size,
+                peer=peer,
+                suppressed=suppressed,
+            )
