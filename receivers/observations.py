@@ -91,6 +91,9 @@ class StepObservation(msgspec.Struct, frozen=True, gc=False):
     aggregates: StepAggregates
     async_scheduling: bool
     kv_transfers: tuple[KVTransferObservation, ...] = ()
+    # Added by the joiner (additive): the raw loop period S(N+1) - S(N) when the next step
+    # also has a summary, whatever the attribution (== period_us in sync mode).
+    loop_period_us: float | None = None
 
 
 class QueueState(msgspec.Struct, frozen=True, gc=False):

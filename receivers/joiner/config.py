@@ -1,0 +1,106 @@
+"""Settings of the sliding-window joiner (a section of the daemon's settings).
+
+Every bound the joiner enforces lives here, so memory and latency of the join are a
+configuration decision, not a code constant. Times are seconds of the *emitting
+process's* clock (the joiner never compares clocks of different processes), offsets in
+microseconds.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class AnchorPriors(BaseModel):
+    """Bounds (µs) on ``S(n) - t`` for each journey anchor type before calibration.
+
+    A journey event at mono time ``t`` pins the start ``S(n)`` of some step ``n`` to
+    ``[t + lo, t + hi]`` (spec §2.5 step 2). Once enough steps carry both a summary and
+    an anchor, the joiner replaces these priors by the range it observed (plus a margin);
+    the priors only need to be *safe*, not tight.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # SCHEDULED(n) lies in [S(n), E(n)]: S(n) = t - (0 .. scheduler CPU time)
+    scheduled_lo_us: float = -3000.0
+    scheduled_hi_us: float = 0.0
+    # QUEUED(n-1) / aborted FINISHED: input drain just before S(n)
+    queued_lo_us: float = 0.0
+    queued_hi_us: float = 500.0
+    # FIRST_TOKEN / FINISHED(n-1) (sync) or (n-2) (async): rest of output processing
+    completion_lo_us: float = 0.0
+    completion_hi_us: float = 2000.0
+
+
+class JoinerConfig(BaseModel):
+    """``[joiner]`` settings section.
+
+    >>> JoinerConfig().window_s
+    30.0
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    window_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="How long (seconds of the emitting process's wall clock) a partial join "
+        "waits for its other parts; also the dedupe horizon.",
+    )
+    max_requests: int = Field(
+        default=100_000, gt=0, description="Max requests held (in flight + tombstones)."
+    )
+    max_steps: int = Field(default=50_000, gt=0, description="Max sampled steps held per engine.")
+    max_anchor_steps: int = Field(
+        default=200_000, gt=0, description="Max steps with journey anchors held per engine."
+    )
+    max_kv_transfers: int = Field(default=50_000, gt=0, description="Max open KV transfers held.")
+    max_engines: int = Field(
+        default=1024, gt=0, description="Max distinct engines (sources) tracked."
+    )
+
+    async_scheduling: bool | None = Field(
+        default=None,
+        description="Force the engine loop mode; None = resource attribute "
+        "`coeffd.async_scheduling`, else inferred from FIRST_TOKEN vs summary timing.",
+    )
+    warmup_steps: int = Field(
+        default=32, ge=0, description="Steps 1..warmup_steps of each engine never yield a period."
+    )
+    max_period_ms: float = Field(
+        default=2000.0, gt=0, description="A period above this is an idle gap or a stall: rejected."
+    )
+    max_uncertainty_fraction: float = Field(
+        default=0.15,
+        gt=0,
+        description="Reject an anchor-reconstructed period whose half-width exceeds this "
+        "fraction of the period.",
+    )
+    anchor_priors: AnchorPriors = Field(default_factory=AnchorPriors)
+    min_calibration: int = Field(
+        default=8,
+        ge=1,
+        description="Coincidences needed before observed anchor offsets replace priors.",
+    )
+    calibration_margin_us: float = Field(
+        default=10.0, ge=0, description="Added on each side of the observed anchor-offset range."
+    )
+    calibration_margin_fraction: float = Field(
+        default=0.25, ge=0, description="Fraction of the observed range added on each side."
+    )
+    same_host_tolerance_us: float = Field(
+        default=200.0,
+        gt=0,
+        description="Max |wall-mono offset(API) - wall-mono offset(engine)| for one host.",
+    )
+    queue_state_max_distance: int = Field(
+        default=1000, ge=0, description="Max |summary step - queued step| for the queue state."
+    )
+    summary_log_interval_s: float = Field(
+        default=60.0, gt=0, description="Seconds between structured window-summary log lines."
+    )
+    kv_link_keys: tuple[str, ...] = Field(
+        default=("coeffd.engine", "service.instance.id", "k8s.pod.name", "service.name"),
+        description="Resource keys whose equal values link a KV publisher to an EngineCore.",
+    )

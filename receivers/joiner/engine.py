@@ -1,0 +1,457 @@
+"""Per-EngineCore join state: sampled steps, journey anchors, period reconstruction.
+
+Everything here is keyed by step id *of one engine* (one ``Source.id``): step ids
+collide across engines and restart with the engine, so nothing is ever keyed globally.
+All times compared here are that engine's ``CLOCK_MONOTONIC`` (``step.ts_*_ns`` and
+journey ``ts.monotonic_ns``), except the window bookkeeping, which uses the engine's own
+wall clock (event ``timeUnixNano``) as its watermark.
+
+Period target (spec §2.5 step 5): the busy-loop time attributable to batch ``N`` is
+``S(N+1) - S(N)`` with sync scheduling and ``S(N+2) - S(N+1)`` with async scheduling
+(the GPU runs batch N while the CPU schedules N+1), i.e. ``S(m+1) - S(m)`` with
+``m = N + a``. Each ``S(n)`` comes from a summary (exact) or from anchors:
+
+* ``SCHEDULED(n)``: inside ``schedule(n)``, so ``S(n) ∈ [t - sched, t]``;
+* ``QUEUED(n-1)`` and aborted ``FINISHED(n-1)``: input drain right before ``S(n)``;
+* ``FIRST_TOKEN``/``FINISHED(n-1-a)``: output processing right before ``S(n)``.
+
+The offset of each anchor type is bounded by priors until the engine has shown enough
+steps that carry both a summary and an anchor; then by the observed range plus a margin.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+
+from receivers.joiner import intervals as iv
+from receivers.joiner.composition import aggregates_of, from_snapshots
+from receivers.joiner.config import JoinerConfig
+from receivers.observations import (
+    BatchRequest,
+    Composition,
+    KVTransferObservation,
+    PeriodMethod,
+    QueueState,
+    StepObservation,
+)
+from receivers.records import BatchSummary, JourneyEvent, JourneyKind, RequestSnapshot, Source
+
+SCHED, QUEUED, COMPL = 0, 1, 2
+_CAL_KEEP = 512  # calibration deltas kept per anchor type (a rolling sample)
+
+
+@dataclass(slots=True)
+class StepResult:
+    """Outcome of finalizing one sampled step."""
+
+    observation: StepObservation | None
+    outcome: str  # joined | unmatched | rejected
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class _Calibration:
+    deltas: list[deque[float]] = field(
+        default_factory=lambda: [deque(maxlen=_CAL_KEEP) for _ in range(3)]
+    )
+    seen: set[tuple[int, int]] = field(default_factory=set)  # (type, step) already added
+
+
+def parse_async_attr(value: object) -> bool | None:
+    """Resource attribute ``coeffd.async_scheduling`` as a bool (None if absent/unclear).
+
+    >>> parse_async_attr("true"), parse_async_attr(False), parse_async_attr(None)
+    (True, False, None)
+    """
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float):
+        return bool(value)
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v in ("1", "true", "yes", "on"):
+            return True
+        if v in ("0", "false", "no", "off"):
+            return False
+    return None
+
+
+class EngineState:
+    """Join state of one EngineCore."""
+
+    def __init__(self, source: Source, config: JoinerConfig) -> None:
+        self.source = source
+        self.cfg = config
+        self.window_ns = int(config.window_s * 1e9)
+        self.watermark = 0  # max wall ns of this engine's records
+        forced = config.async_scheduling
+        self.async_mode: bool | None = (
+            forced
+            if forced is not None
+            else parse_async_attr(source.get("coeffd.async_scheduling"))
+        )
+        self.async_source = (
+            "config" if forced is not None else ("resource" if self.async_mode is not None else "")
+        )
+        self.votes = [0, 0]  # sync, async
+        self.summaries: dict[int, BatchSummary] = {}
+        self.summary_steps: list[int] = []  # sorted
+        self.pending: list[tuple[int, int]] = []  # heap of (deadline wall ns, step)
+        self.finalized: set[int] = set()
+        self.snapshots: dict[int, dict[str, RequestSnapshot]] = {}
+        self.anchors: tuple[dict[int, list[int]], dict[int, list[int]], dict[int, list[int]]] = (
+            {},
+            {},
+            {},
+        )
+        self.scheduled_ids: dict[int, list[str]] = {}  # step -> request ids SCHEDULED there
+        self.timeline: deque[tuple[int, int]] = deque()  # (wall ns, step) of first sightings
+        self.horizon = 0  # steps below are gone
+        self.coverage: list[list[int]] = []  # merged [start, end] of complete step spans
+        self.kv_by_step: dict[int, list[KVTransferObservation]] = {}
+        self.cal = _Calibration()
+        self.max_step = 0
+
+    # ------------------------------------------------------------------ ingest
+
+    def see(self, wall_ns: int) -> None:
+        """Advance this engine's watermark."""
+        if wall_ns > self.watermark:
+            self.watermark = wall_ns
+
+    def _first_sighting(self, wall_ns: int, step: int) -> None:
+        self.timeline.append((wall_ns, step))
+        if step > self.max_step:
+            self.max_step = step
+
+    def add_summary(self, s: BatchSummary) -> str:
+        """Store a summary; returns ``ok``, ``duplicate`` or ``late``."""
+        n = s.step
+        if n in self.summaries or n in self.finalized:
+            return "duplicate"
+        if n < self.horizon:
+            return "late"
+        self.summaries[n] = s
+        steps = self.summary_steps
+        if not steps or steps[-1] < n:
+            steps.append(n)
+        else:
+            bisect.insort(steps, n)
+        heapq.heappush(self.pending, (s.wall_ns + self.window_ns, n))
+        self._first_sighting(s.wall_ns, n)
+        return "ok"
+
+    def add_snapshot(self, s: RequestSnapshot) -> str:
+        if s.step < self.horizon or s.step in self.finalized:
+            return "late"
+        d = self.snapshots.get(s.step)
+        if d is None:
+            d = self.snapshots[s.step] = {}
+            self._first_sighting(s.wall_ns, s.step)
+        if s.request_id in d:
+            return "duplicate"
+        d[s.request_id] = s
+        return "ok"
+
+    def add_anchor(self, ev: JourneyEvent) -> None:
+        """Index a journey event as an anchor of the step start it pins."""
+        kind = ev.kind
+        if kind is JourneyKind.SCHEDULED:
+            typ = SCHED
+            self.scheduled_ids.setdefault(ev.step, []).append(ev.span.span_id.hex())
+        elif kind is JourneyKind.QUEUED:
+            typ = QUEUED
+        elif kind is JourneyKind.FINISHED:
+            # aborts are processed from the input queue (current counter), like QUEUED
+            typ = QUEUED if ev.finish_status == "aborted" else COMPL
+        elif kind is JourneyKind.FIRST_TOKEN:
+            typ = COMPL
+        else:  # PREEMPTED can also come from a cache reset outside schedule(): not an anchor
+            return
+        if ev.step < self.horizon:
+            return
+        d = self.anchors[typ]
+        lst = d.get(ev.step)
+        if lst is None:
+            d[ev.step] = [ev.mono_ns]
+            self._first_sighting(ev.wall_ns, ev.step)
+        else:
+            lst.append(ev.mono_ns)
+
+    def add_coverage(self, start: int, end: int) -> None:
+        """Record that every summary of steps ``start..end`` has been delivered."""
+        cov = self.coverage
+        i = bisect.bisect_left(cov, [start, end])
+        cov.insert(i, [start, end])
+        merged: list[list[int]] = []
+        for a, b in cov:
+            if merged and a <= merged[-1][1] + 1:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        self.coverage = merged
+
+    def covers(self, lo: int, hi: int) -> bool:
+        """True when steps ``lo..hi`` are inside one complete-coverage range."""
+        cov = self.coverage
+        i = bisect.bisect_right(cov, [lo, float("inf")]) - 1
+        return i >= 0 and cov[i][0] <= lo and cov[i][1] >= hi
+
+    def add_kv(self, obs: KVTransferObservation) -> None:
+        if obs.step is not None and obs.step >= self.horizon and obs.step not in self.finalized:
+            self.kv_by_step.setdefault(obs.step, []).append(obs)
+
+    # ------------------------------------------------------------ queue state
+
+    def queue_state(self, queued_step: int) -> tuple[QueueState | None, bool]:
+        """Nearest summary to a QUEUED step, and whether that answer is final.
+
+        Final means no nearer summary can still arrive: distance 0, or the step spans
+        covering ``[q - d, q + d]`` have all been delivered.
+        """
+        steps = self.summary_steps
+        dmax = self.cfg.queue_state_max_distance
+        best: int | None = None
+        if steps:
+            i = bisect.bisect_left(steps, queued_step)
+            cands = []
+            if i < len(steps):
+                cands.append(steps[i])
+            if i > 0:
+                cands.append(steps[i - 1])
+            # nearest; ties go to the later summary (it already counts the request)
+            cands.sort(key=lambda s: (abs(s - queued_step), -s))
+            if cands and abs(cands[0] - queued_step) <= dmax:
+                best = cands[0]
+        if best is None:
+            final = self.covers(queued_step - dmax, queued_step + dmax)
+            return None, final
+        d = abs(best - queued_step)
+        final = d == 0 or self.covers(queued_step - d, queued_step + d)
+        s = self.summaries[best]
+        qs = QueueState(
+            step=best,
+            waiting_depth=s.waiting_depth,
+            running_depth=s.running_depth,
+            kv_usage_gpu_ratio=s.kv_usage_gpu_ratio,
+            distance_steps=d,
+        )
+        return qs, final
+
+    # -------------------------------------------------------- period machinery
+
+    def _vote_async(self, n: int) -> None:
+        """Infer async scheduling from completions of step n-1 vs the summary of step n.
+
+        Sync: outputs of n-1 are processed before ``S(n)``; async: after ``E(n)``.
+        """
+        s = self.summaries.get(n)
+        if s is None:
+            return
+        for t in self.anchors[COMPL].get(n - 1, ()):
+            if t < s.start_mono_ns:
+                self.votes[0] += 1
+            elif t > s.end_mono_ns:
+                self.votes[1] += 1
+
+    def mode(self) -> bool | None:
+        if self.async_mode is not None:
+            return self.async_mode
+        sync, asy = self.votes
+        if sync == asy:
+            return None
+        return asy > sync
+
+    def _calibrate(self, n: int, a: int) -> None:
+        """Add offsets ``S(n) - t`` of anchors pinning a summarised step ``n``."""
+        s = self.summaries.get(n)
+        if s is None:
+            return
+        S = s.start_mono_ns
+        for typ, step in ((SCHED, n), (QUEUED, n - 1), (COMPL, n - 1 - a)):
+            key = (typ, n)
+            if key in self.cal.seen:
+                continue
+            ts = self.anchors[typ].get(step)
+            if not ts:
+                continue
+            self.cal.seen.add(key)
+            dq = self.cal.deltas[typ]
+            for t in ts:
+                dq.append(float(S - t))
+
+    def _bounds(self, typ: int) -> iv.Interval:
+        p = self.cfg.anchor_priors
+        prior = (
+            (p.scheduled_lo_us * 1e3, p.scheduled_hi_us * 1e3),
+            (p.queued_lo_us * 1e3, p.queued_hi_us * 1e3),
+            (p.completion_lo_us * 1e3, p.completion_hi_us * 1e3),
+        )[typ]
+        return iv.offset_bounds(
+            list(self.cal.deltas[typ]),
+            prior,
+            self.cfg.min_calibration,
+            self.cfg.calibration_margin_us * 1e3,
+            self.cfg.calibration_margin_fraction,
+        )
+
+    def pin(self, n: int, a: int) -> tuple[iv.Interval | None, frozenset[int] | None]:
+        """Interval of ``S(n)``; the anchor types used (None = exact from a summary)."""
+        s = self.summaries.get(n)
+        if s is not None:
+            t = float(s.start_mono_ns)
+            return (t, t), None
+        parts: list[iv.Interval] = []
+        types: set[int] = set()
+        for typ, step in ((SCHED, n), (QUEUED, n - 1), (COMPL, n - 1 - a)):
+            ts = self.anchors[typ].get(step)
+            if ts:
+                parts.extend(iv.shifted(ts, self._bounds(typ)))
+                types.add(typ)
+        return iv.intersect(parts), frozenset(types)
+
+    def finalize(self, n: int) -> StepResult:
+        """Turn the summary of step ``n`` into a StepObservation (or say why not)."""
+        s = self.summaries[n]
+        self.finalized.add(n)
+        self._vote_async(n)
+        self._vote_async(n + 1)
+        if n <= self.cfg.warmup_steps:
+            return StepResult(None, "rejected", "warmup")
+        if s.scheduled_tokens == 0:
+            # 1 ms sleep or the hand-off schedule before idling: the period is no batch's
+            return StepResult(None, "rejected", "empty_step")
+        mode = self.mode()
+        if mode is None:
+            return StepResult(None, "unmatched", "mode_unknown")
+        a = 1 if mode else 0
+        for k in (n, n + 1, n + 2):
+            self._calibrate(k, a)
+        m = n + a
+        lo_i, types_lo = self.pin(m, a)
+        hi_i, types_hi = self.pin(m + 1, a)
+        if lo_i is None or hi_i is None:
+            return StepResult(None, "unmatched", "no_anchor")
+        if lo_i[0] > lo_i[1] or hi_i[0] > hi_i[1]:
+            return StepResult(None, "rejected", "inconsistent_anchors")
+        mid_ns, half_ns = iv.difference(lo_i, hi_i)
+        if mid_ns <= 0:
+            return StepResult(None, "rejected", "non_positive")
+        if mid_ns > self.cfg.max_period_ms * 1e6:
+            return StepResult(None, "rejected", "idle_gap")
+        if half_ns > self.cfg.max_uncertainty_fraction * mid_ns:
+            return StepResult(None, "rejected", "uncertain")
+        if types_lo is None and types_hi is None:
+            method = PeriodMethod.CONSECUTIVE_SUMMARIES
+        elif types_lo == frozenset({COMPL}) and types_hi == frozenset({COMPL}):
+            method = PeriodMethod.COMPLETION_ANCHORS
+        else:
+            method = PeriodMethod.JOURNEY_ANCHORS
+        nxt = self.summaries.get(n + 1)
+        loop_us = (nxt.start_mono_ns - s.start_mono_ns) / 1e3 if nxt is not None else None
+        comp, reqs = self._composition(n, s)
+        obs = StepObservation(
+            source=self.source,
+            step=n,
+            start_mono_ns=s.start_mono_ns,
+            period_us=mid_ns / 1e3,
+            period_method=method,
+            period_uncertainty_us=half_ns / 1e3,
+            scheduler_duration_us=s.duration_us,
+            composition=comp,
+            requests=reqs,
+            aggregates=aggregates_of(s),
+            async_scheduling=mode,
+            kv_transfers=tuple(
+                sorted(self.kv_by_step.get(n, ()), key=lambda o: (o.dp_rank, o.transfer_id))
+            ),
+            loop_period_us=loop_us,
+        )
+        return StepResult(obs, "joined")
+
+    def _composition(self, n: int, s: BatchSummary) -> tuple[Composition, tuple[BatchRequest, ...]]:
+        snaps = self.snapshots.get(n)
+        if snaps:
+            reqs = from_snapshots(s, snaps)
+            if reqs is not None:
+                return Composition.SNAPSHOTS, reqs
+        return Composition.AGGREGATES, ()
+
+    # --------------------------------------------------------------- window
+
+    def due(self, now_wall: int) -> list[int]:
+        """Pending steps whose window has passed on this engine's clock, oldest first."""
+        out = []
+        pend = self.pending
+        wm = max(self.watermark, now_wall)
+        while pend and pend[0][0] <= wm:
+            out.append(heapq.heappop(pend)[1])
+        return out
+
+    def drain_all(self) -> list[int]:
+        """Every pending step, in step order (end of stream)."""
+        out = sorted(n for _, n in self.pending)
+        self.pending.clear()
+        return out
+
+    def expire(self, now_wall: int) -> None:
+        """Forget step-indexed state older than the window (call after ``due``)."""
+        limit = now_wall - self.window_ns
+        tl = self.timeline
+        h = self.horizon
+        while tl and tl[0][0] < limit:
+            _, step = tl.popleft()
+            if step - 2 > h:
+                h = step - 2
+        if h > self.horizon:
+            self.horizon = h
+            self._purge(h)
+
+    def _purge(self, h: int) -> None:
+        for n in [n for n in self.summaries if n < h]:
+            del self.summaries[n]
+            self.finalized.discard(n)
+        i = bisect.bisect_left(self.summary_steps, h)
+        if i:
+            del self.summary_steps[:i]
+        self.finalized = {n for n in self.finalized if n >= h}
+        self.pending = [p for p in self.pending if p[1] >= h]
+        heapq.heapify(self.pending)
+        for d in (self.snapshots, self.scheduled_ids, self.kv_by_step, *self.anchors):
+            for k in [k for k in d if k < h]:
+                del d[k]  # type: ignore[attr-defined]
+        self.cal.seen = {k for k in self.cal.seen if k[1] >= h}
+        self.coverage = [c for c in self.coverage if c[1] >= h]
+
+    def entries(self) -> dict[str, int]:
+        """Window occupancy by kind (for the gauge)."""
+        return {
+            "step_summary": len(self.summaries),
+            "step_snapshot": sum(len(d) for d in self.snapshots.values()),
+            "anchor": sum(len(v) for d in self.anchors for v in d.values()),
+            "kv_by_step": sum(len(v) for v in self.kv_by_step.values()),
+        }
+
+    def enforce_caps(self) -> list[int]:
+        """Drop the oldest steps beyond the configured caps; returns pending steps dropped."""
+        n_anchor_steps = sum(len(d) for d in self.anchors)
+        over = max(
+            len(self.summaries) - self.cfg.max_steps,
+            n_anchor_steps - self.cfg.max_anchor_steps,
+            len(self.snapshots) - self.cfg.max_steps,
+        )
+        if over <= 0:
+            return []
+        keys = sorted(
+            set(self.summaries) | {k for d in self.anchors for k in d} | set(self.snapshots)
+        )
+        # purge 10 % beyond the cap so the (linear) purge runs rarely
+        cut = min(over + len(keys) // 10, len(keys) - 1)
+        h = keys[cut]
+        dropped = sorted(n for _, n in self.pending if n < h)
+        self.horizon = max(self.horizon, h)
+        self._purge(self.horizon)
+        return dropped

@@ -1,0 +1,552 @@
+"""The sliding-window joiner: event records in, training observations out.
+
+Single-threaded by design: the daemon's one pipeline consumer calls :meth:`Joiner.push`
+(or :meth:`Joiner.push_many`) for every record, :meth:`Joiner.tick` on a timer, and
+:meth:`Joiner.flush` at shutdown. Nothing here blocks or does I/O except one structured
+log line per window summary.
+
+Bounded: every partial join lives at most ``window_s`` of its emitting process's wall
+clock (a watermark per source: the max ``wall_ns`` seen from it) and at most the
+configured number of entries; what expires is dropped and counted by reason.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import structlog
+from prometheus_client import CollectorRegistry
+
+from receivers.joiner import kv as kvmod
+from receivers.joiner.config import JoinerConfig
+from receivers.joiner.engine import EngineState
+from receivers.joiner.metrics import JoinerMetrics
+from receivers.joiner.requests import CoreState, EntryKey, RequestEntry, build_observation
+from receivers.observations import KVTransferObservation, Observation
+from receivers.records import (
+    ApiEvent,
+    BatchSummary,
+    CoreSpan,
+    JourneyEvent,
+    KVTransfer,
+    Record,
+    RequestSnapshot,
+    RequestSpan,
+    Source,
+    StepSpan,
+)
+
+log = structlog.get_logger(__name__)
+
+SpanKey = tuple[bytes, bytes]
+_SWEEP_NS = 200_000_000  # sweep due work at most every 200 ms of data time
+
+
+class Joiner:
+    """Sliding-window join of journeys, step summaries and KV transfers.
+
+    >>> j = Joiner()
+    >>> j.push_many([]) == [] and j.flush() == []
+    True
+    """
+
+    def __init__(
+        self,
+        config: JoinerConfig | None = None,
+        metrics: JoinerMetrics | CollectorRegistry | None = None,
+    ) -> None:
+        self.cfg = config if config is not None else JoinerConfig()
+        if isinstance(metrics, JoinerMetrics):
+            self.metrics = metrics
+        else:
+            self.metrics = JoinerMetrics(metrics)
+        self._window_ns = int(self.cfg.window_s * 1e9)
+        self._tol_ns = self.cfg.same_host_tolerance_us * 1e3
+        self._engines: dict[str, EngineState] = {}
+        self._wm: dict[str, int] = {}  # watermark (max wall ns) per source id
+        self._max_wall = 0
+        self._last_sweep = 0
+        self._last_log = 0
+        self._logged: Counter[tuple[str, str, str]] = Counter()
+        self._requests: dict[EntryKey, RequestEntry] = {}
+        self._req_heap: list[tuple[int, EntryKey, str]] = []  # (deadline, key, clock src)
+        self._done: dict[SpanKey, int] = {}  # tombstones: span key -> forget after (wall)
+        self._ready: set[EntryKey] = set()  # complete but waiting for queue-state finality
+        self._skip_span: SpanKey | None = None  # events of a duplicate span being skipped
+        self._pending_cov: list[tuple[EngineState, int, int]] = []
+        self._kv_open: dict[kvmod.TransferKey, KVTransfer] = {}
+        self._kv_done: dict[tuple[bool, kvmod.TransferKey], int] = {}
+        self._kv_link: dict[tuple[str, int], str] = {}
+        self._out: list[Observation] = []
+        self._dispatch: dict[type, Callable[[Any], None]] = {
+            JourneyEvent: self._on_journey,
+            ApiEvent: self._on_api_event,
+            BatchSummary: self._on_summary,
+            RequestSnapshot: self._on_snapshot,
+            CoreSpan: self._on_core_span,
+            RequestSpan: self._on_request_span,
+            StepSpan: self._on_step_span,
+            KVTransfer: self._on_kv_transfer,
+        }
+
+    # ================================================================= public API
+
+    def push(self, record: Record) -> list[Observation]:
+        """Feed one record; returns the observations it completed (often none)."""
+        h = self._dispatch.get(type(record))
+        if h is not None:
+            h(record)
+        if self._max_wall - self._last_sweep >= _SWEEP_NS:
+            self._sweep(None)
+        if self._out:
+            out, self._out = self._out, []
+            return out
+        return []
+
+    def push_many(self, records: Iterable[Record]) -> list[Observation]:
+        """Feed a batch (e.g. one decoded export request); the batch end is a boundary."""
+        d = self._dispatch
+        for r in records:
+            h = d.get(type(r))
+            if h is not None:
+                h(r)
+        self._boundary()
+        if self._max_wall - self._last_sweep >= _SWEEP_NS:
+            self._sweep(None)
+        out, self._out = self._out, []
+        return out
+
+    def tick(self, now_wall_ns: int | None = None) -> list[Observation]:
+        """Finalize what is due. ``now_wall_ns`` (the data's wall clock, e.g.
+        ``time.time_ns()`` when live) also advances every source's watermark, so an
+        idle engine's last steps and requests still complete."""
+        self._boundary()
+        self._sweep(now_wall_ns)
+        out, self._out = self._out, []
+        return out
+
+    def flush(self) -> list[Observation]:
+        """End of stream: finalize everything still held and clear the window."""
+        self._boundary()
+        for eng in self._engines.values():
+            for n in eng.drain_all():
+                self._finalize_step(eng, n)
+        for key in list(self._requests):
+            self._expire_request(key)
+        self._req_heap.clear()
+        self._ready.clear()
+        if self._kv_open:
+            self.metrics.outcome("kv_transfer", "expired", "no_completion", len(self._kv_open))
+        self._kv_open.clear()
+        self._kv_done.clear()
+        self._done.clear()
+        self._engines.clear()
+        self._update_gauges()
+        self._log_summary(force=True)
+        out, self._out = self._out, []
+        return out
+
+    def entries(self) -> dict[str, int]:
+        """Current window occupancy by kind (what the gauge shows)."""
+        e: Counter[str] = Counter()
+        for eng in self._engines.values():
+            e.update(eng.entries())
+        e["request"] = len(self._requests)
+        e["tombstone"] = len(self._done)
+        e["kv_open"] = len(self._kv_open)
+        e["kv_done"] = len(self._kv_done)
+        e["engine"] = len(self._engines)
+        return dict(e)
+
+    # ================================================================= plumbing
+
+    def _see(self, source: Source, wall_ns: int) -> None:
+        sid = source.id
+        if wall_ns > self._wm.get(sid, 0):
+            self._wm[sid] = wall_ns
+        if wall_ns > self._max_wall:
+            self._max_wall = wall_ns
+
+    def _engine(self, source: Source) -> EngineState:
+        eng = self._engines.get(source.id)
+        if eng is None:
+            if len(self._engines) >= self.cfg.max_engines:
+                # forget the engine heard from longest ago
+                oldest = min(self._engines.values(), key=lambda e: e.watermark)
+                for _ in oldest.drain_all():
+                    self.metrics.outcome("step", "expired", "engine_capacity")
+                del self._engines[oldest.source.id]
+            eng = self._engines[source.id] = EngineState(source, self.cfg)
+        return eng
+
+    def _late(self, source: Source, wall_ns: int) -> bool:
+        return wall_ns < self._wm.get(source.id, 0) - self._window_ns
+
+    def _boundary(self) -> None:
+        """The events of the previous span are all in: apply coverage, recheck waiters."""
+        if self._pending_cov:
+            for eng, a, b in self._pending_cov:
+                eng.add_coverage(a, b)
+            self._pending_cov.clear()
+        if self._ready:
+            for key in sorted(self._ready):
+                entry = self._requests.get(key)
+                if entry is not None:
+                    self._try_emit(entry, final_only=True)
+            self._ready = {
+                k for k in self._ready if k in self._requests and self._waiting(self._requests[k])
+            }
+
+    # ================================================================= handlers
+
+    def _on_request_span(self, r: RequestSpan) -> None:
+        self._boundary()
+        si = r.span
+        key = (si.trace_id, si.span_id)
+        self._see(si.source, si.end_wall_ns)
+        if key in self._done:
+            self._skip_span = key
+            self.metrics.outcome("request", "duplicate")
+            return
+        entry = self._requests.get(key)
+        if entry is not None and entry.api is not None:
+            self._skip_span = key
+            self.metrics.outcome("request", "duplicate")
+            return
+        self._skip_span = None
+        if entry is None:
+            if self._late(si.source, si.end_wall_ns):
+                self._skip_span = key
+                self.metrics.outcome("request", "late", "api_span")
+                return
+            entry = self._new_entry(key, si.end_wall_ns, si.source.id)
+        entry.api = r
+        self._try_emit(entry)
+
+    def _on_api_event(self, ev: ApiEvent) -> None:
+        si = ev.span
+        key = (si.trace_id, si.span_id)
+        if key == self._skip_span or key in self._done:
+            return
+        entry = self._requests.get(key)
+        if entry is None:
+            entry = self._new_entry(key, si.end_wall_ns, si.source.id)
+        if ev.kind not in entry.api_events:
+            entry.api_events[ev.kind] = ev
+            self._see(si.source, ev.wall_ns)
+            if entry.api is not None and entry.cores:
+                self._try_emit(entry)
+
+    def _on_core_span(self, r: CoreSpan) -> None:
+        self._boundary()
+        si = r.span
+        skey = (si.trace_id, si.span_id)
+        self._see(si.source, si.end_wall_ns)
+        self._engine(si.source)
+        if skey in self._done:
+            self._skip_span = skey
+            self.metrics.outcome("request", "duplicate")
+            return
+        key = (si.trace_id, si.parent_span_id)
+        entry = self._requests.get(key)
+        core = entry.cores.get(si.span_id) if entry is not None else None
+        if core is not None and core.span is not None:
+            self._skip_span = skey
+            self.metrics.outcome("request", "duplicate")
+            return
+        self._skip_span = None
+        if entry is None:
+            if self._late(si.source, si.end_wall_ns):
+                self._skip_span = skey
+                self.metrics.outcome("request", "late", "core_span")
+                return
+            entry = self._new_entry(key, si.end_wall_ns, si.source.id)
+        if core is None:
+            core = entry.cores[si.span_id] = CoreState()
+        core.span = r
+        self._try_emit(entry)
+
+    def _on_journey(self, ev: JourneyEvent) -> None:
+        si = ev.span
+        skey = (si.trace_id, si.span_id)
+        if skey == self._skip_span or skey in self._done:
+            return
+        self._see(si.source, ev.wall_ns)
+        eng = self._engines.get(si.source.id) or self._engine(si.source)
+        eng.see(ev.wall_ns)
+        key = (si.trace_id, si.parent_span_id)
+        entry = self._requests.get(key)
+        if entry is None:
+            entry = self._new_entry(key, si.end_wall_ns, si.source.id)
+        core = entry.cores.get(si.span_id)
+        if core is None:
+            core = entry.cores[si.span_id] = CoreState()
+        if core.add(ev):
+            eng.add_anchor(ev)
+            if core.finished is not None and ev.kind is ev.kind.FINISHED:
+                self._try_emit(entry)
+
+    def _on_step_span(self, r: StepSpan) -> None:
+        self._boundary()
+        si = r.span
+        self._see(si.source, si.end_wall_ns)
+        eng = self._engine(si.source)
+        eng.see(si.end_wall_ns)
+        skey = (si.trace_id, si.span_id)
+        if skey in self._done:
+            self.metrics.outcome("step", "duplicate", "step_span")
+            return
+        self._done[skey] = si.end_wall_ns + self._window_ns
+        if r.range_end is not None and si.dropped_events == 0:
+            # only a span that lost no events proves that its range's summaries are all here
+            self._pending_cov.append((eng, r.range_start, r.range_end))
+
+    def _on_summary(self, s: BatchSummary) -> None:
+        si = s.span
+        self._see(si.source, s.wall_ns)
+        eng = self._engines.get(si.source.id) or self._engine(si.source)
+        eng.see(s.wall_ns)
+        res = eng.add_summary(s)
+        if res != "ok":
+            self.metrics.outcome("step", res, "summary")
+
+    def _on_snapshot(self, s: RequestSnapshot) -> None:
+        si = s.span
+        eng = self._engines.get(si.source.id) or self._engine(si.source)
+        eng.add_snapshot(s)
+
+    def _on_kv_transfer(self, t: KVTransfer) -> None:
+        b = t.batch
+        self._see(b.source, b.wall_ns)
+        key = kvmod.transfer_key(t)
+        dkey = (t.completed, key)
+        if dkey in self._kv_done:
+            self.metrics.outcome("kv_transfer", "duplicate")
+            return
+        if not t.completed:
+            if key in self._kv_open:
+                self.metrics.outcome("kv_transfer", "duplicate")
+                return
+            if len(self._kv_open) >= self.cfg.max_kv_transfers:
+                old = next(iter(self._kv_open))
+                del self._kv_open[old]
+                self.metrics.outcome("kv_transfer", "expired", "capacity")
+            self._kv_open[key] = t
+            self._kv_done[dkey] = b.wall_ns + self._window_ns
+            return
+        self._kv_done[dkey] = b.wall_ns + self._window_ns
+        init = self._kv_open.pop(key, None)
+        if init is None:
+            self.metrics.outcome("kv_transfer", "unmatched", "no_initiation")
+            return
+        obs = kvmod.pair(init, t)
+        self._emit_kv(obs, b.source, b.dp_rank)
+
+    # ================================================================= requests
+
+    def _new_entry(self, key: EntryKey, wall_ns: int, clock: str) -> RequestEntry:
+        if len(self._requests) >= self.cfg.max_requests:
+            old = next(iter(self._requests))
+            self._expire_request(old, reason="capacity")
+        entry = RequestEntry(key=key, deadline_wall=wall_ns + self._window_ns)
+        self._requests[key] = entry
+        heapq.heappush(self._req_heap, (entry.deadline_wall, key, clock))
+        return entry
+
+    def _waiting(self, entry: RequestEntry) -> bool:
+        return any(not c.emitted for c in entry.cores.values())
+
+    def _expected_cores(self, entry: RequestEntry) -> int:
+        n = entry.api.n if entry.api is not None else None
+        return n if n is not None and n > 1 else 1
+
+    def _try_emit(self, entry: RequestEntry, final_only: bool = False) -> None:
+        """Emit the observation of every finished core whose queue state is final."""
+        if not entry.api_done():
+            return
+        for core in entry.cores.values():
+            if core.emitted or core.finished is None or core.span is None:
+                continue
+            eng = self._engines.get(core.span.span.source.id)
+            if eng is None:
+                continue
+            qs, final = (None, True)
+            if core.queued is not None:
+                qs, final = eng.queue_state(core.queued.step)
+            if not final:
+                self._ready.add(entry.key)
+                continue
+            self._emit_request(entry, core, eng.source, qs)
+        emitted = sum(1 for c in entry.cores.values() if c.emitted)
+        if emitted >= self._expected_cores(entry) and not self._waiting(entry):
+            self._close_entry(entry)
+
+    def _emit_request(self, entry: RequestEntry, core: CoreState, src: Source, qs: Any) -> None:
+        core.emitted = True
+        obs, reason = build_observation(entry, core, src, qs, self._tol_ns)
+        if obs is None:
+            self.metrics.outcome("request", "rejected", reason)
+            return
+        self._out.append(obs)
+        self.metrics.emitted("request")
+
+    def _close_entry(self, entry: RequestEntry) -> None:
+        """Forget a request; remember its span keys to recognise redeliveries."""
+        self._requests.pop(entry.key, None)
+        self._ready.discard(entry.key)
+        forget = entry.deadline_wall + self._window_ns
+        self._done[entry.key] = forget
+        tid = entry.key[0]
+        for sid in entry.cores:
+            self._done[(tid, sid)] = forget
+
+    def _expire_request(self, key: EntryKey, reason: str = "") -> None:
+        entry = self._requests.get(key)
+        if entry is None:
+            return
+        for core in entry.cores.values():
+            if core.emitted:
+                continue
+            if core.span is not None and entry.api is not None and core.queued is not None:
+                eng = self._engines.get(core.span.span.source.id)
+                if eng is not None:
+                    qs, _ = eng.queue_state(core.queued.step)
+                    self._emit_request(entry, core, eng.source, qs)
+                    continue
+            why = reason or (
+                "no_api_span"
+                if entry.api is None
+                else "no_core_span"
+                if core.span is None
+                else "no_queued"
+            )
+            core.emitted = True
+            self.metrics.outcome("request", "expired", why)
+        if not entry.cores:
+            self.metrics.outcome("request", "expired", reason or "no_core_span")
+        self._close_entry(entry)
+
+    # ================================================================= steps / kv
+
+    def _finalize_step(self, eng: EngineState, n: int) -> None:
+        if n not in eng.summaries or n in eng.finalized:
+            return
+        res = eng.finalize(n)
+        if res.observation is not None:
+            self._out.append(res.observation)
+            self.metrics.emitted("step")
+        else:
+            self.metrics.outcome("step", res.outcome, res.reason)
+
+    def _emit_kv(self, obs: KVTransferObservation, src: Source, dp_rank: int) -> None:
+        self._out.append(obs)
+        self.metrics.emitted("kv_transfer")
+        eng = self._kv_engine(src, dp_rank)
+        if eng is not None:
+            eng.add_kv(obs)
+
+    def _kv_engine(self, src: Source, dp_rank: int) -> EngineState | None:
+        """The EngineCore a KV publisher belongs to (shared resource keys, DP rank)."""
+        lk = (src.id, dp_rank)
+        sid = self._kv_link.get(lk)
+        if sid is not None:
+            return self._engines.get(sid)
+        if src.id in self._engines:
+            found: EngineState | None = self._engines[src.id]
+        else:
+            found = None
+            for key in self.cfg.kv_link_keys:
+                v = src.get(key)
+                if v is None:
+                    continue
+                cands = [
+                    e
+                    for e in self._engines.values()
+                    if e.source.get(key) == v
+                    and e.source.get("coeffd.dp_rank", dp_rank) in (dp_rank, str(dp_rank))
+                ]
+                if len(cands) == 1:
+                    found = cands[0]
+                    break
+            if found is None and len(self._engines) == 1:
+                found = next(iter(self._engines.values()))
+        if found is not None:
+            self._kv_link[lk] = found.source.id
+        return found
+
+    # ================================================================= window
+
+    def _sweep(self, now: int | None) -> None:
+        """Finalize due steps and requests, expire state, enforce caps."""
+        if now is not None:
+            for sid in self._wm:
+                if now > self._wm[sid]:
+                    self._wm[sid] = now
+            if now > self._max_wall:
+                self._max_wall = now
+        self._last_sweep = self._max_wall
+        for eng in self._engines.values():
+            wm = max(eng.watermark, self._wm.get(eng.source.id, 0))
+            if now is not None and now > wm:
+                wm = now
+            eng.see(wm)
+            for n in eng.due(wm):
+                self._finalize_step(eng, n)
+            eng.expire(wm)
+            for _ in eng.enforce_caps():
+                self.metrics.outcome("step", "expired", "capacity")
+        heap = self._req_heap
+        while heap:
+            deadline, key, clock = heap[0]
+            if deadline > self._wm.get(clock, 0):
+                break
+            heapq.heappop(heap)
+            entry = self._requests.get(key)
+            if entry is not None and entry.deadline_wall == deadline:
+                self._expire_request(key)
+        if len(heap) > 4 * len(self._requests) + 1024:
+            self._req_heap = [x for x in heap if x[1] in self._requests]
+            heapq.heapify(self._req_heap)
+        self._expire_dict(self._done)
+        self._expire_dict(self._kv_done)
+        self._update_gauges()
+        self._log_summary()
+
+    def _expire_dict(self, d: dict[Any, int]) -> None:
+        """Drop tombstones past their time (insertion order ≈ time order)."""
+        limit = self._max_wall
+        drop = []
+        for k, t in d.items():
+            if t > limit:
+                break
+            drop.append(k)
+        for k in drop:
+            del d[k]
+        cap = 2 * self.cfg.max_requests
+        while len(d) > cap:
+            del d[next(iter(d))]
+
+    def _update_gauges(self) -> None:
+        for kind, n in self.entries().items():
+            self.metrics.entries(kind, n)
+
+    def _log_summary(self, force: bool = False) -> None:
+        interval = int(self.cfg.summary_log_interval_s * 1e9)
+        if not force and self._max_wall - self._last_log < interval:
+            return
+        self._last_log = self._max_wall
+        delta = self.metrics.reasons - self._logged
+        outcomes = {f"{o}.{k}": n for (o, k), n in sorted(self.metrics.outcomes.items()) if n}
+        log.info(
+            "joiner window summary",
+            outcomes=outcomes,
+            reasons_since_last={f"{o}.{k}.{r}": n for (o, k, r), n in sorted(delta.items())},
+            entries=self.entries(),
+            async_modes={
+                sid: (e.mode(), e.async_source or "inferred") for sid, e in self._engines.items()
+            },
+        )
+        self._logged = Counter(self.metrics.reasons)

@@ -1,0 +1,70 @@
+"""Prometheus metrics of the joiner (names fixed by CONTRIBUTING.md)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import Counter as PromCounter
+
+OUTCOMES = ("joined", "expired", "duplicate", "late", "unmatched", "rejected")
+OBSERVATIONS = ("step", "request", "kv_transfer")
+
+
+class JoinerMetrics:
+    """Join outcome counters, window gauges and observation counters.
+
+    Also keeps plain in-process tallies (``outcomes``, ``reasons``) so the window summary
+    log line and tests can read them without scraping.
+
+    >>> m = JoinerMetrics(CollectorRegistry())
+    >>> m.outcome("step", "rejected", "empty_step")
+    >>> m.outcomes[("step", "rejected")], m.reasons[("step", "rejected", "empty_step")]
+    (1, 1)
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.join_outcomes = PromCounter(
+            "coeffd_join_outcomes_total",
+            "Join outcomes by observation kind",
+            ["observation", "outcome"],
+            registry=self.registry,
+        )
+        self.window_entries = Gauge(
+            "coeffd_join_window_entries",
+            "Entries currently held in the join window",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.observations = PromCounter(
+            "coeffd_observations_total",
+            "Observations emitted by the joiner",
+            ["observation"],
+            registry=self.registry,
+        )
+        # Pre-create children so dashboards see zeros, and cache them: ``labels()`` costs
+        # a dict lookup under a lock on every call.
+        self._outcome_children = {
+            (o, k): self.join_outcomes.labels(o, k) for o in OBSERVATIONS for k in OUTCOMES
+        }
+        self._obs_children = {o: self.observations.labels(o) for o in OBSERVATIONS}
+        self.outcomes: Counter[tuple[str, str]] = Counter()
+        self.reasons: Counter[tuple[str, str, str]] = Counter()
+
+    def outcome(self, observation: str, outcome: str, reason: str = "", n: int = 1) -> None:
+        """Count ``n`` join outcomes (``reason`` only goes to the summary log)."""
+        self._outcome_children[(observation, outcome)].inc(n)
+        self.outcomes[(observation, outcome)] += n
+        if reason:
+            self.reasons[(observation, outcome, reason)] += n
+
+    def emitted(self, observation: str, n: int = 1) -> None:
+        """Count ``n`` emitted observations (and ``joined`` outcomes)."""
+        if n:
+            self._obs_children[observation].inc(n)
+            self.outcome(observation, "joined", n=n)
+
+    def entries(self, kind: str, n: int) -> None:
+        """Set the window gauge of ``kind``."""
+        self.window_entries.labels(kind).set(n)
