@@ -281,6 +281,7 @@ def test_sidecar_vllm_flags_mirror_the_identity(wrapper: Path) -> None:
     assert flag("--max-num-seqs") == str(ident["max_num_seqs"])
     assert flag("--max-model-len") == str(ident["max_model_len"])
     assert "--enable-chunked-prefill" in args and "--enable-prefix-caching" in args
+    assert flag("--block-size") == "16"
     # telemetry into the sidecar over localhost (spec §0, §5.1)
     assert flag("--otlp-traces-endpoint") == "http://localhost:4317"
     assert "--enable-journey-tracing" in args and "--step-tracing-enabled" in args

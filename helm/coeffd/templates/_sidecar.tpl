@@ -110,35 +110,29 @@ the tracing and KV-event flags pointed at the sidecar on localhost.
 {{- define "coeffd.vllmArgs" -}}
 {{- $c := .values.settings.configuration | default dict -}}
 {{- $t := .values.sidecar.vllm -}}
-{{- if $c.model }}
 - --model
-- {{ $c.model | quote }}
+- {{ $t.model | default $c.model | quote }}
+{{- range $key, $flag := dict "tp" "--tensor-parallel-size" "dp" "--data-parallel-size" "max_num_batched_tokens" "--max-num-batched-tokens" "max_num_seqs" "--max-num-seqs" "max_model_len" "--max-model-len" "block_size" "--block-size" }}
+{{- if hasKey $c $key }}
+- {{ $flag }}
+- {{ int64 (get $c $key) | quote }}
 {{- end }}
-{{- if $c.tp }}
-- --tensor-parallel-size
-- {{ int64 $c.tp | quote }}
 {{- end }}
-{{- if $c.dp }}
-- --data-parallel-size
-- {{ int64 $c.dp | quote }}
+{{- range $key, $flag := dict "chunked_prefill" "enable-chunked-prefill" "prefix_caching" "enable-prefix-caching" "async_scheduling" "async-scheduling" }}
+{{- if and (hasKey $c $key) (not (kindIs "invalid" (get $c $key))) }}
+- --{{ ternary "" "no-" (get $c $key) }}{{ $flag }}
 {{- end }}
-{{- if $c.max_num_batched_tokens }}
-- --max-num-batched-tokens
-- {{ int64 $c.max_num_batched_tokens | quote }}
 {{- end }}
-{{- if $c.max_num_seqs }}
-- --max-num-seqs
-- {{ int64 $c.max_num_seqs | quote }}
+{{- if $c.ep }}
+- --enable-expert-parallel
 {{- end }}
-{{- if $c.max_model_len }}
-- --max-model-len
-- {{ int64 $c.max_model_len | quote }}
+{{- if $c.moe_comm_backend }}
+- --all2all-backend
+- {{ $c.moe_comm_backend | quote }}
 {{- end }}
-{{- if hasKey $c "enable_chunked_prefill" }}
-- {{ ternary "--enable-chunked-prefill" "--no-enable-chunked-prefill" $c.enable_chunked_prefill }}
-{{- end }}
-{{- if hasKey $c "enable_prefix_caching" }}
-- {{ ternary "--enable-prefix-caching" "--no-enable-prefix-caching" $c.enable_prefix_caching }}
+{{- if and $c.kv_cache_dtype (ne $c.kv_cache_dtype "auto") }}
+- --kv-cache-dtype
+- {{ $c.kv_cache_dtype | quote }}
 {{- end }}
 - --otlp-traces-endpoint
 {{- if eq $t.otlpProtocol "http/protobuf" }}
@@ -160,15 +154,23 @@ the tracing and KV-event flags pointed at the sidecar on localhost.
 {{- end }}
 {{- end -}}
 
-{{/* vLLM env: OTLP protocol/plaintext, service name, coeffd.* resource attributes. */}}
+{{/*
+vLLM env: OTLP protocol/plaintext, service name, and the configuration as coeffd.*
+resource attributes (vocabulary of learners/features/config.py), so the same pod can
+also be routed through a collector to a fleet.
+*/}}
 {{- define "coeffd.vllmEnv" -}}
 {{- $c := .values.settings.configuration | default dict -}}
 {{- $t := .values.sidecar.vllm -}}
 {{- $attrs := list -}}
 {{- if $c.model }}{{ $attrs = append $attrs (printf "coeffd.model=%s" $c.model) }}{{ end -}}
-{{- if $c.hardware }}{{ $attrs = append $attrs (printf "coeffd.gpu=%s" $c.hardware) }}{{ end -}}
-{{- if $c.tp }}{{ $attrs = append $attrs (printf "coeffd.tp=%d" (int64 $c.tp)) }}{{ end -}}
-{{- if $c.dp }}{{ $attrs = append $attrs (printf "coeffd.dp=%d" (int64 $c.dp)) }}{{ end -}}
+{{- $gpu := $c.gpu | default $c.hardware -}}
+{{- if $gpu }}{{ $attrs = append $attrs (printf "coeffd.gpu=%s" $gpu) }}{{ end -}}
+{{- range $key := list "tp" "dp" "ep" "moe_comm_backend" "vllm_version" "max_num_batched_tokens" "max_num_seqs" "max_model_len" "chunked_prefill" "prefix_caching" "cpu_offload_gib" "block_size" "async_scheduling" "kv_cache_dtype" }}
+{{- if and (hasKey $c $key) (not (kindIs "invalid" (get $c $key))) }}
+{{- $attrs = append $attrs (printf "coeffd.%s=%s" $key (include "coeffd.attrValue" (get $c $key))) }}
+{{- end }}
+{{- end -}}
 - name: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL
   value: {{ $t.otlpProtocol | quote }}
 - name: OTEL_EXPORTER_OTLP_TRACES_INSECURE
@@ -185,4 +187,10 @@ the tracing and KV-event flags pointed at the sidecar on localhost.
 - name: OTEL_SPAN_EVENT_COUNT_LIMIT
   value: {{ int64 $t.spanEventCountLimit | quote }}
 {{- end }}
+{{- end -}}
+
+{{- define "coeffd.attrValue" -}}
+{{- if or (kindIs "float64" .) (kindIs "int64" .) (kindIs "int" .) -}}
+{{- if eq (floor .) (float64 .) -}}{{ int64 . }}{{- else -}}{{ . }}{{- end -}}
+{{- else -}}{{ . }}{{- end -}}
 {{- end -}}
