@@ -280,16 +280,41 @@ class RLSRegressor(base.Regressor):
             ratio = np.where(prior > 0, post / prior, 1.0)
         return np.clip(np.nan_to_num(ratio, nan=1.0), 0.0, 1.0)  # type: ignore[no-any-return]
 
-    def identified(self, threshold: float = 0.5) -> npt.NDArray[np.bool_]:
-        """Which coefficients the data pins down (data explains > 1 − threshold of prior variance).
+    def coef_std(self) -> FloatArray:
+        """Posterior standard deviation of each coefficient: ``σ̂ · √diag(A⁻¹)``.
 
-        All-zero columns are never identified; collinear groups (e.g. terms constant within
-        one configuration: weights, layers, per-step) are identified only as a sum, so each
-        member stays near the prior and is reported unidentified.
+        ``σ̂`` is the robust residual scale (relative when ``weighting='relative'``, which is
+        also the unit the information is in), so this is the sampling error of θ over the
+        learner's effective (forgetting) window. Infinite before any scale is known.
+        """
+        sigma = self._sigma_ew
+        if sigma is None:
+            return np.full(self._d, np.inf)
+        a, _ = self.information()
+        try:
+            var = np.diag(np.linalg.inv(a))
+        except np.linalg.LinAlgError:
+            return np.full(self._d, np.inf)
+        return sigma * np.sqrt(np.maximum(var, 0.0))  # type: ignore[no-any-return]
+
+    def identified(
+        self, threshold: float = 0.5, max_rel_std: float | None = None
+    ) -> npt.NDArray[np.bool_]:
+        """Which coefficients the data pins down.
+
+        A term is identified when its column has been excited, the data explains more than
+        ``1 − threshold`` of its prior variance and, if ``max_rel_std`` is given, its
+        posterior standard deviation is at most that fraction of its value. All-zero
+        columns are never identified; collinear groups (e.g. terms constant within one
+        configuration: weights, layers, per-step) are identified only as a sum, so each
+        member keeps a large posterior variance and is reported unidentified.
         """
         a_data, _ = self.data_information()
-        excited = np.diag(a_data) > 0
-        return excited & (self.variance_ratio() < threshold)  # type: ignore[no-any-return]
+        ok = (np.diag(a_data) > 0) & (self.variance_ratio() < threshold)
+        if max_rel_std is not None:
+            theta = np.abs(self.coef)
+            ok &= self.coef_std() <= max_rel_std * np.maximum(theta, 1e-300)
+        return ok  # type: ignore[no-any-return]
 
     @property
     def n_effective(self) -> float:

@@ -1,0 +1,75 @@
+"""Settings of the learners (the ``learners`` section of the daemon settings).
+
+Defaults are the values ``bench/learning.py`` was run with; each says why it is what it is.
+
+>>> cfg = LearnersConfig()
+>>> cfg.forgetting, cfg.drift.detector
+(0.998, 'adwin')
+>>> LearnersConfig(forgetting=1.5)
+Traceback (most recent call last):
+...
+pydantic_core._pydantic_core.ValidationError: 1 validation error for LearnersConfig
+...
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["DriftConfig", "EvaluationConfig", "LearnersConfig"]
+
+
+class DriftConfig(BaseModel):
+    """Drift detection on standardised residuals and the reaction to an alarm."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    detector: Literal["adwin", "page_hinkley"] = "adwin"
+    # ADWIN delta 1e-4: no false alarm in 10⁶ stationary residuals in the tests; a 20 %
+    # shift of the step-time level is still caught within ~30 observations.
+    params: dict[str, Any] = Field(default_factory=dict, description="River detector kwargs")
+    grace: int = Field(default=100, ge=0, description="observations ignored after (re)start")
+    keep: float = Field(default=0.01, gt=0, le=1, description="information kept on alarm")
+    fast_forgetting: float = Field(default=0.97, gt=0, le=1)
+    fast_for: int = Field(default=60, ge=0, description="observations at fast forgetting")
+
+
+class EvaluationConfig(BaseModel):
+    """Prequential evaluation and the batch-refit baseline."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    window: int = Field(default=500, ge=10, description="rolling window for MAPE/RMSE")
+    baseline_window: int = Field(default=1000, ge=20, description="batch refit: rows kept")
+    baseline_refit_every: int = Field(default=100, ge=1, description="batch refit cadence")
+    kv_saturated: float = Field(default=0.9, gt=0, le=1, description="KV usage of the KV regime")
+    heavy_fraction: float = Field(default=0.8, gt=0.5, lt=1, description="prefill/decode-heavy")
+
+
+class LearnersConfig(BaseModel):
+    """Per-configuration learners: forgetting, robustness, priors, registry bounds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # λ = 0.998: effective memory ~500 steps (a few seconds of a busy engine) — enough
+    # to average log-normal step noise to ~1 % excess error, short enough to track.
+    forgetting: float = Field(default=0.998, gt=0, le=1)
+    alpha_forgetting: float = Field(default=0.995, gt=0, le=1, description="API overheads")
+    kv_forgetting: float = Field(default=0.995, gt=0, le=1, description="KV transfer model")
+    huber: float | None = Field(default=3.0, gt=0, description="Huber threshold (σ units)")
+    weighting: Literal["none", "relative"] = "relative"
+    scale_memory: float = Field(default=50.0, ge=1)
+    refresh_every: int = Field(default=16, ge=1, description="rows per fold / θ_w refresh")
+    # Prior strength in "relative" units: a coefficient that carries share s of the step
+    # time gets a prior worth ≈ strength/s² observations (see learners.prior).
+    prior_strength: float = Field(default=0.01, gt=0)
+    prior_scale_floor: float = Field(default=1.0, gt=0, description="prior scale of zero coefs")
+    identify_threshold: float = Field(default=0.5, gt=0, lt=1)
+    max_configurations: int = Field(default=64, ge=1, description="LRU bound of live sets")
+    max_parked: int = Field(default=1024, ge=0, description="evicted states kept in memory")
+    extended: bool = Field(default=True, description="also learn the extended-feature model")
+    drift: DriftConfig = Field(default_factory=DriftConfig)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
