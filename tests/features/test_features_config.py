@@ -107,7 +107,7 @@ def test_labels_readable() -> None:
     assert "vllm_version" not in ServingConfig(model="m", gpu="g").labels
 
 
-def src(**attrs: object) -> Source:
+def src(**attrs: str | int | float | bool) -> Source:
     return Source(id="s1", attributes=tuple(sorted(attrs.items())))
 
 

@@ -87,7 +87,7 @@ def test_user_sheet(tmp_path: Path) -> None:
     assert load_hardware(f"{p}:X2").nvlink_gbs == 100
     with pytest.raises(HardwareError, match="choose one of: X1, X2"):
         load_hardware(str(p))
-    with pytest.raises(HardwareError, match="unknown GPU 'X3'.*available: X1, X2"):
+    with pytest.raises(HardwareError, match=r"unknown GPU 'X3'.*available: X1, X2"):
         load_hardware(p, "X3")
     single = tmp_path / "mygpu.json"
     single.write_text(json.dumps({"TFlopsPeak": 50, "BwPeakTBs": 0.5}))
