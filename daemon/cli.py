@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from daemon.commands import replay, serve
+from daemon.commands import replay, serve, simfleet
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -19,6 +19,7 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 COMMANDS: tuple[ModuleType, ...] = (
     serve,
     replay,
+    simfleet,
 )
 
 

@@ -1,1 +1,47 @@
-"""coeffd: simfleet."""
+"""simfleet: a synthetic vLLM fleet that emits vLLM's exact telemetry with known truth.
+
+In-process API::
+
+    from simfleet import run, SampleRates
+    res = run("steady", duration_s=60, seed=1, trace_out=open("t.jsonl", "wb"),
+              rates=SampleRates(1.0, 1.0, 0.01, 100))
+    res.truth  # ground truth (see ``simfleet.run.truth_document``)
+
+CLI: ``coeffd simfleet --scenario steady --duration 60 --seed 1 --out traces.jsonl``.
+"""
+
+from simfleet.config import (
+    BLIS_ALPHA,
+    BLIS_BETA,
+    Coefficients,
+    CoefficientSchedule,
+    EngineSpec,
+    Noise,
+    SampleRates,
+    ServingConfig,
+    Workload,
+)
+from simfleet.kv import KVJsonlWriter, MemoryKVSink, read_kv_jsonl
+from simfleet.run import RunResult, resource_attributes, run, write_truth
+from simfleet.scenarios import SCENARIOS, build
+
+__all__ = [
+    "BLIS_ALPHA",
+    "BLIS_BETA",
+    "SCENARIOS",
+    "CoefficientSchedule",
+    "Coefficients",
+    "EngineSpec",
+    "KVJsonlWriter",
+    "MemoryKVSink",
+    "Noise",
+    "RunResult",
+    "SampleRates",
+    "ServingConfig",
+    "Workload",
+    "build",
+    "read_kv_jsonl",
+    "resource_attributes",
+    "run",
+    "write_truth",
+]
