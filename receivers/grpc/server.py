@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import structlog
 from google.protobuf import any_pb2, duration_pb2
+from google.protobuf.message import DecodeError
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
@@ -46,14 +47,35 @@ def retry_trailers(delay_seconds: float, message: str) -> tuple[tuple[str, bytes
     )
 
 
+SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+
+
+def _parse_or_none(data: bytes) -> trace_service_pb2.ExportTraceServiceRequest | None:
+    req = trace_service_pb2.ExportTraceServiceRequest()
+    try:
+        req.ParseFromString(data)
+    except DecodeError:
+        return None
+    return req
+
+
+def _serialize(resp: trace_service_pb2.ExportTraceServiceResponse) -> bytes:
+    return resp.SerializeToString()
+
+
 class _Servicer(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self, ingestor: Ingestor, retry_after: float) -> None:
         self._ingestor = ingestor
         self._trailers = retry_trailers(retry_after, "coeffd pipeline full, retry later")
 
     def Export(
-        self, request: trace_service_pb2.ExportTraceServiceRequest, context: Any
+        self, request: trace_service_pb2.ExportTraceServiceRequest | None, context: Any
     ) -> trace_service_pb2.ExportTraceServiceResponse:
+        if request is None:  # body was not a protobuf ExportTraceServiceRequest
+            self._ingestor.invalid("invalid protobuf", peer=context.peer())
+            context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
+            context.set_details("request is not a valid ExportTraceServiceRequest")
+            return trace_service_pb2.ExportTraceServiceResponse()
         got = self._ingestor.ingest(request, peer=context.peer())
         if got.outcome is Outcome.RETRY:
             context.set_trailing_metadata(self._trailers)
@@ -83,8 +105,23 @@ class OtlpGrpcReceiver:
                 ("grpc.max_send_message_length", 4 * 1024 * 1024),
             ],
         )
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(
-            _Servicer(self.ingestor, app.settings.receivers.retry_after_seconds), self._server
+        servicer = _Servicer(self.ingestor, app.settings.receivers.retry_after_seconds)
+        # Registered by hand rather than with add_TraceServiceServicer_to_server so that an
+        # undecodable body reaches us (counted, INVALID_ARGUMENT) instead of failing in
+        # grpc's deserializer with an uncounted INTERNAL.
+        self._server.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(
+                    SERVICE,
+                    {
+                        "Export": grpc.unary_unary_rpc_method_handler(
+                            servicer.Export,
+                            request_deserializer=_parse_or_none,
+                            response_serializer=_serialize,
+                        )
+                    },
+                ),
+            )
         )
         host, port = parse_endpoint(cfg.endpoint)
         target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

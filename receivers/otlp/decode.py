@@ -612,19 +612,24 @@ def _hex_ids_to_base64(obj: Any) -> None:
     """
     if not isinstance(obj, dict):
         return
-    for rs in obj.get("resourceSpans") or ():
+    for rs in _items(obj.get("resourceSpans")):
         if not isinstance(rs, dict):
             continue
-        for ss in rs.get("scopeSpans") or ():
+        for ss in _items(rs.get("scopeSpans")):
             if not isinstance(ss, dict):
                 continue
-            for span in ss.get("spans") or ():
+            for span in _items(ss.get("spans")):
                 if not isinstance(span, dict):
                     continue
                 _fix_ids(span)
-                for link in span.get("links") or ():
+                for link in _items(span.get("links")):
                     if isinstance(link, dict):
                         _fix_ids(link)
+
+
+def _items(v: Any) -> list[Any]:
+    # Wrong shapes are left for the protobuf parser to reject with a proper message.
+    return v if isinstance(v, list) else []
 
 
 def _fix_ids(d: dict[str, Any]) -> None:

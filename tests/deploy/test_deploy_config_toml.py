@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 import yaml
-from daemon.settings import Settings, load_settings
 from deploy_helpers import CHART, config_toml, manifests, one, render, wrapper_chart
+
+from daemon.settings import Settings, load_settings
 from learners.features.config import ConfigurationSettings, ServingConfig
 from receivers.records import Source
 
@@ -156,9 +157,7 @@ def test_sidecar_resource_attributes_describe_the_same_configuration(tmp_path: P
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     vllm = next(c for c in pod["containers"] if c["name"] == "vllm")
     env = {e["name"]: e["value"] for e in vllm["env"]}
-    attrs = tuple(
-        tuple(kv.split("=", 1)) for kv in env["OTEL_RESOURCE_ATTRIBUTES"].split(",")
-    )
+    attrs = tuple(tuple(kv.split("=", 1)) for kv in env["OTEL_RESOURCE_ATTRIBUTES"].split(","))
     from_resource = ServingConfig.from_resource(Source(id="vllm", attributes=attrs))  # type: ignore[arg-type]
     static = ConfigurationSettings(**tomllib.loads(config_toml(docs))["configuration"])
     expected = static.serving_config()

@@ -55,9 +55,11 @@ BAD: dict[str, tuple[dict[str, Any], str]] = {
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_helm_rejects_bad_values_naming_the_field(case: str) -> None:
     values, message = BAD[case]
-    with helm_python.Chart.load(CHART) as chart:
-        with pytest.raises(helm_python.HelmValuesError, match=message):
-            chart.validate_schema(values)
+    with (
+        helm_python.Chart.load(CHART) as chart,
+        pytest.raises(helm_python.HelmValuesError, match=message),
+    ):
+        chart.validate_schema(values)
     # and rendering (what `helm template` / `install` do) refuses them too
     with pytest.raises(helm_python.HelmValuesError, match=message):
         render(CHART, values)
