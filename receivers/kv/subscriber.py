@@ -1,0 +1,285 @@
+"""ZMQ SUB receiver for vLLM's KV-event stream (spec ``vllm-telemetry.md`` §5.1-§5.2).
+
+One ``KVSubscriber`` = one SUB socket in one background thread. It either *connects* to
+an engine's PUB endpoint (vLLM binds ``tcp://*:5557`` by default; DP rank r binds port
++ r, so use one subscriber per rank) or *binds* an endpoint that engines connect to
+(fan-in). Each message is decoded, its sequence checked per ``(endpoint, dp_rank)``, and
+the records are handed to ``offer(records) -> bool``, the pipeline's non-blocking
+enqueue; ``False`` means the pipeline is full and the records are counted as dropped.
+PUB/SUB has no back-pressure, so dropping (and counting) is the only honest option.
+
+Sequence numbers (``SequenceTracker``): the publisher numbers batches 0, 1, 2, ... per
+process. A jump forward is a gap (PUB dropped above its HWM, or we were slow); a number
+at or below the last seen is either a replayed batch (same or older ``ts``: dropped as a
+duplicate, so the joiner never sees a batch twice) or an engine restart (newer ``ts``:
+the tracker restarts from it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import structlog
+import zmq
+from prometheus_client import CollectorRegistry
+from prometheus_client import Counter as PromCounter
+
+from receivers.kv.decode import KVDecodeError, batch_records, parse_message
+from receivers.records import AttrValue, KVRecord, Source
+
+log = structlog.get_logger(__name__)
+
+RECEIVER = "kv"
+Offer = Callable[[list[KVRecord]], bool]
+
+
+def source_from_attributes(attributes: Mapping[str, AttrValue]) -> Source:
+    """A ``Source`` whose id is computed like ``receivers.otlp.decode.source_for_resource``.
+
+    So a KV stream described with the same resource attributes as the engine's OTLP
+    exporter gets the same source id, which is what lets the joiner pair them.
+    """
+    attrs = tuple(sorted(attributes.items()))
+    digest = hashlib.blake2b(
+        json.dumps(attrs, separators=(",", ":")).encode(), digest_size=6
+    ).hexdigest()
+    return Source(id=digest, attributes=attrs)
+
+
+class KVMetrics:
+    """KV receiver metrics (CONTRIBUTING "Metric names").
+
+    ``events_rejected``/``events_received`` are shared families: pass the app's existing
+    counters (e.g. ``daemon.metrics.ReceiverMetrics``) so nothing is registered twice on
+    one registry; they are created here only when absent.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        events_rejected: PromCounter | None = None,
+        events_received: PromCounter | None = None,
+    ) -> None:
+        self.batches = PromCounter(
+            "coeffd_kv_batches_total",
+            "KV-event batches (ZMQ messages) accepted, by source.",
+            ["source"],
+            registry=registry,
+        )
+        self.gaps = PromCounter(
+            "coeffd_kv_sequence_gaps_total",
+            "KV-event batches missing from the sequence (publisher drops), by source.",
+            ["source"],
+            registry=registry,
+        )
+        self.rejected = events_rejected or PromCounter(
+            "coeffd_events_rejected_total",
+            "Spans/events rejected as malformed, by receiver and reason.",
+            ["receiver", "reason"],
+            registry=registry,
+        )
+        self.received = events_received or PromCounter(
+            "coeffd_events_received_total",
+            "Records accepted into the pipeline, by receiver and kind.",
+            ["receiver", "kind"],
+            registry=registry,
+        )
+
+
+class SequenceTracker:
+    """Gap / duplicate / restart detection per stream key (``(endpoint, dp_rank)``)."""
+
+    OK = "ok"
+    FIRST = "first"
+    GAP = "gap"
+    DUPLICATE = "duplicate"
+    RESTART = "restart"
+
+    def __init__(self) -> None:
+        self._last: dict[Any, tuple[int, float]] = {}
+
+    def observe(self, key: Any, seq: int, ts: float) -> tuple[str, int]:
+        """Classify a batch; returns ``(outcome, missing)`` (missing > 0 only for ``gap``)."""
+        last = self._last.get(key)
+        if last is None:
+            self._last[key] = (seq, ts)
+            return self.FIRST, 0
+        last_seq, last_ts = last
+        if seq == last_seq + 1:
+            self._last[key] = (seq, ts)
+            return self.OK, 0
+        if seq > last_seq:
+            self._last[key] = (seq, ts)
+            return self.GAP, seq - last_seq - 1
+        if ts > last_ts:
+            # Lower sequence but newer data: the engine restarted (its counter restarts at 0).
+            self._last[key] = (seq, ts)
+            return self.RESTART, 0
+        return self.DUPLICATE, 0
+
+
+class KVSubscriber:
+    """Background SUB socket feeding decoded KV records to ``offer``.
+
+    ``endpoint``: e.g. ``tcp://vllm:5557`` (connect) or, with ``bind=True``,
+    ``tcp://*:5557``. ``topic``: subscription prefix (``""`` = all). ``source``: identity
+    of the stream's engine (default: derived from the endpoint). ``metrics`` or
+    ``registry``: where to count (one of them, or neither for an uncounted subscriber).
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        topic: str,
+        offer: Offer,
+        *,
+        bind: bool = False,
+        source: Source | None = None,
+        metrics: KVMetrics | None = None,
+        registry: CollectorRegistry | None = None,
+        context: zmq.Context[Any] | None = None,
+        rcvhwm: int = 100_000,
+        poll_ms: int = 100,
+    ) -> None:
+        self.endpoint = endpoint
+        self.topic = topic
+        self.bind = bind
+        self.source = source or source_from_attributes({"kv.endpoint": endpoint})
+        self._offer = offer
+        self.metrics = metrics or (KVMetrics(registry) if registry is not None else None)
+        self._ctx = context or zmq.Context.instance()
+        self._rcvhwm = rcvhwm
+        self._poll_ms = poll_ms
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.tracker = SequenceTracker()
+        self.counts: Counter[str] = Counter()  # plain totals, also without a registry
+        self.bound_endpoint: str | None = None
+
+    # -- lifecycle
+
+    def start(self) -> KVSubscriber:
+        """Open the socket in the worker thread; returns once it is connected/bound."""
+        if self._thread is not None:
+            raise RuntimeError("already started")
+        self._thread = threading.Thread(
+            target=self._run, name=f"kv-sub {self.endpoint}", daemon=True
+        )
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the worker and close the socket."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def __enter__(self) -> KVSubscriber:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- worker
+
+    def _run(self) -> None:
+        try:
+            sock = self._ctx.socket(zmq.SUB)
+            sock.setsockopt(zmq.RCVHWM, self._rcvhwm)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
+            if self.bind:
+                sock.bind(self.endpoint)
+                self.bound_endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            else:
+                sock.connect(self.endpoint)
+        except zmq.ZMQError as exc:
+            log.error("kv subscriber failed to open", endpoint=self.endpoint, error=str(exc))
+            self._error = exc
+            self._ready.set()
+            return
+        log.info(
+            "kv subscriber started", endpoint=self.bound_endpoint or self.endpoint, bind=self.bind
+        )
+        self._ready.set()
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                if not poller.poll(self._poll_ms):
+                    continue
+                while True:  # drain what is queued before polling again
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self.handle(frames)
+        finally:
+            sock.close(linger=0)
+            log.info("kv subscriber stopped", endpoint=self.endpoint, **dict(self.counts))
+
+    def _reject(self, reason: str, n: int = 1) -> None:
+        self.counts[reason] += n
+        if self.metrics is not None:
+            self.metrics.rejected.labels(RECEIVER, reason).inc(n)
+
+    def handle(self, frames: Sequence[bytes]) -> None:
+        """Process one multipart message (public for tests and in-process feeding)."""
+        event_counts: Counter[str] = Counter()
+        try:
+            msg = parse_message(frames, event_counts)
+        except KVDecodeError as exc:
+            if self.counts[exc.reason] == 0:  # log once per reason, count always
+                log.warning(
+                    "kv message rejected",
+                    reason=exc.reason,
+                    detail=str(exc),
+                    endpoint=self.endpoint,
+                )
+            self._reject(exc.reason)
+            return
+        for reason, n in event_counts.items():
+            self._reject(reason, n)
+        outcome, missing = self.tracker.observe(
+            (self.endpoint, msg.batch.dp_rank), msg.seq, msg.batch.ts
+        )
+        if outcome == SequenceTracker.DUPLICATE:
+            self._reject("duplicate")
+            return
+        if outcome == SequenceTracker.GAP:
+            self.counts["gap_batches"] += missing
+            if self.metrics is not None:
+                self.metrics.gaps.labels(self.source.id).inc(missing)
+        elif outcome == SequenceTracker.RESTART:
+            self.counts["restarts"] += 1
+            log.info(
+                "kv publisher restarted",
+                endpoint=self.endpoint,
+                dp_rank=msg.batch.dp_rank,
+                seq=msg.seq,
+            )
+        self.counts["batches"] += 1
+        if self.metrics is not None:
+            self.metrics.batches.labels(self.source.id).inc()
+        records = batch_records(msg.batch, self.source, msg.topic, msg.seq)
+        if not records:
+            return
+        if not self._offer(records):
+            self._reject("queue_full", len(records))
+            return
+        self.counts["records"] += len(records)
+        if self.metrics is not None:
+            kinds = Counter(type(r).__name__ for r in records)
+            for kind, n in kinds.items():
+                self.metrics.received.labels(RECEIVER, kind).inc(n)
