@@ -26,7 +26,13 @@ from simfleet.engine import INF, Engine
 from simfleet.kv import KVJsonlWriter, KVSink, ZmqPublisher
 from simfleet.physics import BlisPhysics, make_physics
 from simfleet.scenarios import build
-from simfleet.telemetry import JsonLinesSink, SimBatchProcessor, make_provider, otlp_processor
+from simfleet.telemetry import (
+    SDK_VERSION,
+    JsonLinesSink,
+    SimBatchProcessor,
+    make_provider,
+    otlp_processor,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -41,10 +47,14 @@ def resource_attributes(spec: EngineSpec, process: str, index: int) -> dict[str,
 
     ``service.name`` names the deployment; ``coeffd.engine`` the replica (DP rank);
     ``coeffd.process`` and a fake ``process.pid`` tell the API server from the EngineCore,
-    as the process resource detector would (spec §1.4).
+    as the process resource detector would (spec §1.4). The KV stream of an engine is
+    labelled with its EngineCore's attributes, so both get the same source id.
     """
     sc = spec.serving
     attrs: dict[str, Any] = {
+        "telemetry.sdk.language": "python",
+        "telemetry.sdk.name": "opentelemetry",
+        "telemetry.sdk.version": SDK_VERSION,
         "service.name": f"vllm-{spec.name}",
         "coeffd.model": sc.model,
         "coeffd.gpu": sc.gpu,

@@ -213,13 +213,12 @@ def make_provider(
     processors: Sequence[SpanProcessor],
     max_events: int = 128,
 ) -> TracerProvider:
-    """A provider like vLLM's process singleton, with an identifying resource."""
-    attrs: dict[str, Any] = {
-        "telemetry.sdk.language": "python",
-        "telemetry.sdk.name": "opentelemetry",
-        "telemetry.sdk.version": SDK_VERSION,
-    }
-    attrs.update(resource_attrs)
+    """A provider like vLLM's process singleton, with an identifying resource.
+
+    ``Resource(...)`` rather than ``Resource.create`` so the environment cannot change
+    the output (determinism).
+    """
+    attrs = dict(resource_attrs)
     prov = TracerProvider(
         sampler=ALWAYS_ON,
         resource=Resource(attrs),
