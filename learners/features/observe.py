@@ -12,6 +12,7 @@ with vLLM's real KV layout (not BLIS's 2-bytes-per-element convention).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import msgspec
 import numpy as np
@@ -19,9 +20,20 @@ import numpy.typing as npt
 
 from learners.features.basis import BlisBasis
 from learners.features.model import ModelSpec
-from receivers.observations import Composition, KVTransferObservation, StepObservation
+from receivers.observations import (
+    BatchRequest,
+    Composition,
+    KVTransferObservation,
+    StepAggregates,
+    StepObservation,
+)
 
-__all__ = ["fill_transfer_bytes", "kv_bytes_per_block", "step_features"]
+__all__ = [
+    "aggregates_from_requests",
+    "fill_transfer_bytes",
+    "kv_bytes_per_block",
+    "step_features",
+]
 
 
 def step_features(
@@ -84,3 +96,42 @@ def fill_transfer_bytes(
         return obs
     per_block = kv_bytes_per_block(model, block_size, kv_cache_dtype=kv_cache_dtype)
     return msgspec.structs.replace(obs, bytes=obs.block_count * per_block)
+
+
+def aggregates_from_requests(
+    requests: Sequence[BatchRequest],
+    *,
+    kv_blocks_total: int = 100_000,
+    block_size: int = 16,
+    waiting_depth: int = 0,
+) -> StepAggregates:
+    """The BATCH_SUMMARY totals vLLM would report for a scheduled batch (no prefix sharing).
+
+    Blocks in use are those the scheduled requests hold after this step's allocation,
+    ``⌈(p + t)/block_size⌉`` each. Used to measure the aggregate approximation against the
+    exact per-request terms (tests, ``python -m bench basis``).
+    """
+    n_pf = t_pf = n_dc = t_dc = used = 0
+    for r in requests:
+        if r.progress < r.input_len:
+            n_pf += 1
+            t_pf += r.new_tokens
+        else:
+            n_dc += 1
+            t_dc += max(1, r.new_tokens)
+        used += -(-(r.progress + max(1, r.new_tokens)) // block_size)
+    free = max(0, kv_blocks_total - used)
+    return StepAggregates(
+        num_prefill_reqs=n_pf,
+        prefill_tokens=t_pf,
+        num_decode_reqs=n_dc,
+        decode_tokens=t_dc,
+        scheduled_tokens=t_pf + t_dc,
+        running_depth=len(requests),
+        waiting_depth=waiting_depth,
+        num_preempted=0,
+        num_finished=0,
+        kv_usage_gpu_ratio=1 - free / kv_blocks_total,
+        kv_blocks_total_gpu=kv_blocks_total,
+        kv_blocks_free_gpu=free,
+    )
