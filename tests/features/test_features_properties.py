@@ -26,7 +26,7 @@ from learners.features.basis import TERM_INDEX, BlisBasis, batch_stats
 from learners.features.model import ModelSpec
 from receivers.observations import BatchRequest
 
-I = TERM_INDEX
+IX = TERM_INDEX
 
 
 @st.composite
@@ -67,14 +67,14 @@ def test_terms_nonnegative_and_zero_where_spec_says(
     x = b.terms(batch)
     assert (x >= 0).all() and np.isfinite(x).all()
     t_pf, _, t_dc, _, n, _ = batch_stats(batch)
-    assert x[I["B"]] == n == len(batch)
-    assert (x[I["T_pf_compute"]] > 0) == (x[I["T_pf_kv"]] > 0) == (t_pf > 0)
-    assert (x[I["T_dc_compute"]] > 0) == (t_dc > 0)
-    assert (x[I["T_dc_kv"]] > 0) == (t_dc > 0)
-    assert (x[I["T_tp_comm"]] > 0) == (b.tp > 1 and t_pf + t_dc > 0)
-    assert (x[I["T_moe_dispatch"]] > 0) == (b.is_moe and b.dp > 1 and t_pf + t_dc > 0)
-    assert (x[I["chi_L_moe"]] > 0) == b.model.interleaved
-    assert x[I["T_weight"]] > 0 and x[I["one"]] == 1 and x[I["L"]] == b.model.num_layers
+    assert x[IX["B"]] == n == len(batch)
+    assert (x[IX["T_pf_compute"]] > 0) == (x[IX["T_pf_kv"]] > 0) == (t_pf > 0)
+    assert (x[IX["T_dc_compute"]] > 0) == (t_dc > 0)
+    assert (x[IX["T_dc_kv"]] > 0) == (t_dc > 0)
+    assert (x[IX["T_tp_comm"]] > 0) == (b.tp > 1 and t_pf + t_dc > 0)
+    assert (x[IX["T_moe_dispatch"]] > 0) == (b.is_moe and b.dp > 1 and t_pf + t_dc > 0)
+    assert (x[IX["chi_L_moe"]] > 0) == b.model.interleaved
+    assert x[IX["T_weight"]] > 0 and x[IX["one"]] == 1 and x[IX["L"]] == b.model.num_layers
 
 
 @settings(max_examples=150, deadline=None)
@@ -103,11 +103,11 @@ def test_dense_tp_scaling(batch: list[BatchRequest]) -> None:
     for tp in (2, 4, 8):
         xt = basis(LLAMA8B, H100, tp).terms(batch)
         for name in ("T_pf_compute", "T_pf_kv", "T_dc_compute", "T_dc_kv", "T_weight"):
-            assert xt[I[name]] == pytest.approx(x1[I[name]] / tp, rel=1e-12, abs=1e-300)
+            assert xt[IX[name]] == pytest.approx(x1[IX[name]] / tp, rel=1e-12, abs=1e-300)
         t_tot = batch_stats(batch)[0] + batch_stats(batch)[2]
         # Dense: two all-reduces per layer, ring factor (tp-1)/tp.
         v = 2 * 32 * t_tot * 4096 * 2 * 2 * ((tp - 1) / tp) / 3.35e6
-        assert xt[I["T_tp_comm"]] == pytest.approx(v, rel=1e-12, abs=1e-300)
+        assert xt[IX["T_tp_comm"]] == pytest.approx(v, rel=1e-12, abs=1e-300)
 
 
 @settings(max_examples=80, deadline=None)
@@ -116,12 +116,12 @@ def test_moe_dp_scaling(batch: list[BatchRequest], tp: int) -> None:
     x1 = basis(MIXTRAL, H100, tp, 1).terms(batch)
     x2 = basis(MIXTRAL, H100, tp, 2).terms(batch)
     for name in ("T_pf_compute", "T_pf_kv", "T_dc_compute", "T_dc_kv"):
-        assert x2[I[name]] == pytest.approx(x1[I[name]] / 2, rel=1e-12, abs=1e-300)
-    assert x2[I["T_weight"]] < x1[I["T_weight"]]  # only routed experts shrink with dp
+        assert x2[IX[name]] == pytest.approx(x1[IX[name]] / 2, rel=1e-12, abs=1e-300)
+    assert x2[IX["T_weight"]] < x1[IX["T_weight"]]  # only routed experts shrink with dp
     if tp > 1:  # T_moe_reduce only at dp = 1
         t_tot = batch_stats(batch)[0] + batch_stats(batch)[2]
         assert (
-            x2[I["T_tp_comm"]] == pytest.approx(x1[I["T_tp_comm"]] / 4, rel=1e-12, abs=1e-300)
+            x2[IX["T_tp_comm"]] == pytest.approx(x1[IX["T_tp_comm"]] / 4, rel=1e-12, abs=1e-300)
             or t_tot == 0
         )
 
