@@ -77,6 +77,13 @@ class JoinerConfig(BaseModel):
         description="Reject an anchor-reconstructed period whose half-width exceeds this "
         "fraction of the period.",
     )
+    loop_jitter_us: float = Field(
+        default=100.0,
+        ge=0,
+        description="Uncertainty floor: CPU work between the GPU finishing a batch and the "
+        "next schedule() (output processing, input drain) varies from step to step, so even "
+        "exact schedule starts bound the batch's own time only to this.",
+    )
     anchor_priors: AnchorPriors = Field(default_factory=AnchorPriors)
     min_calibration: int = Field(
         default=8,

@@ -344,6 +344,7 @@ class EngineState:
             return StepResult(None, "rejected", "idle_gap")
         if half_ns > self.cfg.max_uncertainty_fraction * mid_ns:
             return StepResult(None, "rejected", "uncertain")
+        half_ns += self.cfg.loop_jitter_us * 1e3
         if types_lo is None and types_hi is None:
             method = PeriodMethod.CONSECUTIVE_SUMMARIES
         elif types_lo == frozenset({COMPL}) and types_hi == frozenset({COMPL}):
