@@ -1,0 +1,175 @@
+"""Checkpoints of learner state: atomic, checksummed, with a previous good copy.
+
+A restart must not throw away hours of learning, and a crash mid-write must not leave a
+checkpoint that restores garbage. So:
+
+* the state (any msgpack-able structure: dicts, lists, str, int, float, bool, None,
+  bytes, **numpy arrays and scalars**, stored losslessly with dtype and shape) is encoded
+  with msgspec msgpack and framed as ``MAGIC | u64 length | sha256 | payload``;
+* the file is written with ``atomic_write_bytes`` (temp + fsync + rename + dir fsync);
+* before a new checkpoint replaces ``checkpoint.bin``, the current one is verified and
+  kept as ``checkpoint.prev.bin``, so there is always one good older copy;
+* ``restore`` verifies length and checksum and falls back to the previous copy when the
+  latest is truncated or corrupt (disk error, foreign edit).
+
+Tuples come back as lists (msgpack has one array type); learners should not rely on
+tuple identity in their state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import structlog
+
+from daemon.publish.atomic import atomic_write_bytes
+
+log = structlog.get_logger(__name__)
+
+MAGIC = b"COEFFDCK1\n"
+_HEADER = struct.Struct(">Q32s")  # payload length, sha256(payload)
+_EXT_NDARRAY = 1
+_EXT_NPSCALAR = 2
+
+LATEST = "checkpoint.bin"
+PREVIOUS = "checkpoint.prev.bin"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that is truncated, corrupt or not a checkpoint."""
+
+
+def _enc_hook(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        arr = np.ascontiguousarray(obj)
+        if arr.dtype.hasobject:
+            raise TypeError("numpy object arrays cannot be checkpointed")
+        body = msgspec.msgpack.encode([arr.dtype.str, list(arr.shape), arr.tobytes()])
+        return msgspec.msgpack.Ext(_EXT_NDARRAY, body)
+    if isinstance(obj, np.generic):
+        body = msgspec.msgpack.encode([obj.dtype.str, obj.tobytes()])
+        return msgspec.msgpack.Ext(_EXT_NPSCALAR, body)
+    raise TypeError(f"cannot checkpoint object of type {type(obj).__name__}")
+
+
+def _ext_hook(code: int, data: memoryview) -> Any:
+    if code == _EXT_NDARRAY:
+        dtype, shape, raw = msgspec.msgpack.decode(data)
+        # copy(): frombuffer views are read-only and would pin the decode buffer.
+        return np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape).copy()
+    if code == _EXT_NPSCALAR:
+        dtype, raw = msgspec.msgpack.decode(data)
+        return np.frombuffer(raw, dtype=np.dtype(dtype))[0]
+    raise CheckpointError(f"unknown msgpack extension type {code}")
+
+
+_encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
+_decoder = msgspec.msgpack.Decoder(ext_hook=_ext_hook)
+
+
+def encode_state(state: Any) -> bytes:
+    """Frame ``state`` as checkpoint bytes (header + checksum + msgpack)."""
+    payload = _encoder.encode(state)
+    return MAGIC + _HEADER.pack(len(payload), hashlib.sha256(payload).digest()) + payload
+
+
+def decode_state(data: bytes) -> Any:
+    """Verify and decode checkpoint bytes; raises ``CheckpointError``."""
+    head = len(MAGIC) + _HEADER.size
+    if len(data) < head or not data.startswith(MAGIC):
+        raise CheckpointError("not a coeffd checkpoint (bad magic or truncated header)")
+    length, digest = _HEADER.unpack_from(data, len(MAGIC))
+    payload = data[head:]
+    if len(payload) != length:
+        raise CheckpointError(f"truncated: payload has {len(payload)} of {length} bytes")
+    if hashlib.sha256(payload).digest() != digest:
+        raise CheckpointError("checksum mismatch")
+    try:
+        return _decoder.decode(payload)
+    except msgspec.DecodeError as exc:  # pragma: no cover - checksum makes this unlikely
+        raise CheckpointError(f"undecodable payload: {exc}") from exc
+
+
+class Restored(msgspec.Struct, frozen=True):
+    """A restored checkpoint: the state, the file it came from, whether we fell back."""
+
+    state: Any
+    path: str
+    fell_back: bool
+    mtime_wall_ns: int
+
+
+class CheckpointStore:
+    """``<dir>/checkpoint.bin`` (latest) and ``<dir>/checkpoint.prev.bin`` (previous good)."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.latest_path = self.directory / LATEST
+        self.previous_path = self.directory / PREVIOUS
+
+    def _valid(self, path: Path) -> bool:
+        try:
+            decode_state(path.read_bytes())
+        except (OSError, CheckpointError):
+            return False
+        return True
+
+    def save(self, state: Any) -> Path:
+        """Write a checkpoint of ``state`` atomically; the current good one becomes previous.
+
+        Encoding errors (an unsupported type in ``state``) raise ``TypeError`` before any
+        file is touched.
+        """
+        data = encode_state(state)
+        if self.latest_path.exists():
+            if self._valid(self.latest_path):
+                # rename is atomic: at every instant a good checkpoint exists on disk.
+                os.replace(self.latest_path, self.previous_path)
+            else:
+                log.warning("corrupt checkpoint not kept as previous", path=str(self.latest_path))
+        path = atomic_write_bytes(self.latest_path, data, mode=0o600)
+        log.info("checkpoint saved", path=str(path), bytes=len(data))
+        return path
+
+    def restore(self) -> Restored | None:
+        """Load the newest valid checkpoint, or None when there is none."""
+        fell_back = False
+        for path in (self.latest_path, self.previous_path):
+            try:
+                data = path.read_bytes()
+                mtime = path.stat().st_mtime_ns
+            except FileNotFoundError:
+                fell_back = fell_back or path == self.latest_path
+                continue
+            try:
+                state = decode_state(data)
+            except CheckpointError as exc:
+                log.error(
+                    "checkpoint unusable, trying the previous one", path=str(path), error=str(exc)
+                )
+                fell_back = True
+                continue
+            if fell_back:
+                log.warning("restored previous checkpoint", path=str(path))
+            return Restored(state, str(path), fell_back and path == self.previous_path, mtime)
+        return None
+
+    def load(self) -> Any | None:
+        """Just the state of ``restore()`` (None when nothing restorable)."""
+        restored = self.restore()
+        return None if restored is None else restored.state
+
+    def age_seconds(self) -> float | None:
+        """Seconds since the latest checkpoint was written (None if none)."""
+        try:
+            return time.time() - self.latest_path.stat().st_mtime
+        except FileNotFoundError:
+            return None
