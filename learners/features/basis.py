@@ -182,7 +182,7 @@ class BlisBasis:
             raise BasisConfigError(
                 f"unknown MoE comm backend {moe_comm_backend!r}; valid: {', '.join(MOE_COMM_BACKENDS)}"
             )
-        src = model.source or model.name
+        src = model.source if model.source not in ("", "<dict>") else f"model {model.name!r}"
         if int(tp) != tp or tp <= 0:
             raise BasisConfigError(f"tp must be a positive integer, got {tp!r}")
         if int(dp) != dp:

@@ -60,7 +60,7 @@ def _canonical(name: str) -> str:
 def load_model(name: str) -> ModelSpec:
     """A bundled model by name (case-insensitive; an HF repo id's last part also works)."""
     key = _canonical(name)
-    return ModelSpec.from_config(model_config(key), name=key)
+    return ModelSpec.from_config(model_config(key), name=key, source=f"bundled:{key}/config.json")
 
 
 class _Catalogue(Mapping[str, ModelSpec]):

@@ -242,6 +242,7 @@ class ModelSpec:
         name: str | None = None,
         strict: bool = True,
         name_fallback: bool = False,
+        source: str | None = None,
     ) -> ModelSpec:
         """Parse a HuggingFace config (a file, a directory holding ``config.json``, or a dict).
 
@@ -249,6 +250,7 @@ class ModelSpec:
         for (L, d, H, d_ff or the dtype missing), naming the key and the file; pass
         ``strict=False`` to get BLIS's raw readings anyway. ``name_fallback`` applies the
         BLIS CLI's model-name rule for ``w_q`` (§1.2; the library parser does not).
+        ``source`` names a dict's origin in error messages.
 
         >>> ModelSpec.from_config({"hidden_size": 8})
         Traceback (most recent call last):
@@ -258,12 +260,12 @@ class ModelSpec:
         raw: Mapping[str, Any]
         if isinstance(path_or_dict, Mapping):
             raw = path_or_dict
-            source = "<dict>"
+            source = source or "<dict>"
         else:
             p = Path(path_or_dict)
             if p.is_dir():
                 p = p / "config.json"
-            source = str(p)
+            source = source or str(p)
             try:
                 text = p.read_text(encoding="utf-8")
             except OSError as exc:
