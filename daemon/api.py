@@ -11,17 +11,21 @@ Errors are JSON ``{"error": {"status": .., "message": ..}}``: 404 for an unknown
 configuration or version, 400 for a bad query, 405 for a non-GET method.
 ``handle(store, method, target)`` dispatches a raw request target; it returns None for
 paths outside ``/v1/configurations`` and ``/v1/coefficients`` so a router can fall through.
+``mount(router, store)`` registers the endpoints on the daemon's ``daemon.http.Router``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 import msgspec
 import orjson
 
+from daemon.http.server import Request as HttpRequest
+from daemon.http.server import Response as HttpResponse
+from daemon.http.server import Router
 from daemon.publish.blis import to_flags, to_yaml_block
 from daemon.publish.snapshot import (
     InvalidConfigurationIdError,
@@ -151,3 +155,21 @@ def handle(store: SnapshotStore, method: str, target: str) -> Response | None:
     if len(segments) == 2 and segments[1] == "history":
         return get_history(store, segments[0])
     return error(404, f"no such resource {parts.path!r}")
+
+
+def mount(router: Router, store: SnapshotStore) -> None:
+    """Serve the API from ``store`` on the daemon's router (GET and HEAD).
+
+    ``/v1/configurations`` is an exact route and ``/v1/coefficients/`` a prefix route;
+    both go through ``handle`` so routing rules live in one place.
+    """
+
+    def endpoint(req: HttpRequest) -> HttpResponse:
+        target = req.path + ("?" + urlencode(req.query, doseq=True) if req.query else "")
+        resp = handle(store, req.method, target) or error(404, f"no such resource {req.path!r}")
+        headers = dict(resp.headers)
+        content_type = headers.pop("Content-Type", JSON)
+        return HttpResponse(resp.status, resp.body, content_type, headers)
+
+    router.add_route("GET", "/v1/configurations", endpoint)
+    router.add_route("GET", "/v1/coefficients/", endpoint, prefix=True)

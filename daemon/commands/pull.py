@@ -42,6 +42,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_arguments(parser)
+    parser.set_defaults(run=run)
     return parser
 
 

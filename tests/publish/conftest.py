@@ -22,5 +22,4 @@ def server_url(store: SnapshotStore) -> Iterator[str]:
     try:
         yield url
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()

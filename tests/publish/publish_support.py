@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from daemon import api
+from daemon.http.server import HttpServer
 from daemon.publish.snapshot import ConfigurationRef, ErrorStats, Snapshot, SnapshotStore
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -43,23 +42,9 @@ def make_snapshot(
     )
 
 
-def serve(store: SnapshotStore) -> tuple[ThreadingHTTPServer, str]:
-    """Start a real HTTP server on a free loopback port mounting ``daemon.api.handle``."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            resp = api.handle(store, "GET", self.path) or api.error(404, "not found")
-            self.send_response(resp.status)
-            for k, v in resp.headers:
-                self.send_header(k, v)
-            self.send_header("Content-Length", str(len(resp.body)))
-            self.end_headers()
-            self.wfile.write(resp.body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    host, port = server.server_address[:2]
-    return server, f"http://{host!s}:{port}"
+def serve(store: SnapshotStore) -> tuple[HttpServer, str]:
+    """The daemon's own HTTP server on a free loopback port with the API mounted."""
+    server = HttpServer("127.0.0.1", 0, name="test-api")
+    api.mount(server.router, store)
+    server.start()
+    return server, f"http://127.0.0.1:{server.port}"

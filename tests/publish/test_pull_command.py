@@ -18,9 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _pull(*args: str) -> subprocess.CompletedProcess[str]:
-    # TODO(integrator): switch to `python -m daemon pull` once daemon.cli registers it.
     return subprocess.run(
-        [sys.executable, "-m", "daemon.commands.pull", *args],
+        [sys.executable, "-m", "daemon", "pull", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -53,8 +52,7 @@ def test_pull_defaults_rewrites_only_block(tmp_path: Path) -> None:
         args = proc.stdout.split()
         assert tuple(float(x) for x in args[3].split(",")) == snap.beta
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()
 
 
 def test_pull_refuses_invalid_snapshot_file_untouched(tmp_path: Path) -> None:
@@ -74,8 +72,7 @@ def test_pull_refuses_invalid_snapshot_file_untouched(tmp_path: Path) -> None:
         assert "refusing" in proc.stderr and "non-negative" in proc.stderr
         assert target.read_bytes() == before
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()
 
 
 def test_pull_several_configs_lists_and_fails(tmp_path: Path) -> None:
@@ -92,8 +89,7 @@ def test_pull_several_configs_lists_and_fails(tmp_path: Path) -> None:
         proc = _pull("--server", url, "--config", "missing", "--format", "yaml")
         assert proc.returncode == 1 and "404" in proc.stderr
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()
 
 
 def test_pull_network_error(tmp_path: Path) -> None:
