@@ -56,7 +56,7 @@ DEFAULT_SIMILARITY_WEIGHTS: dict[str, float] = {
 }
 
 
-def prior_precision(mean: Sequence[float], strength: float, floor: float = 1.0) -> FloatArray:
+def prior_precision(mean: Sequence[float] | FloatArray, strength: float, floor: float = 1.0) -> FloatArray:
     """Diagonal prior information ``s / max(|θ₀|, floor)²`` (relative-error units).
 
     >>> prior_precision([0.5, 200.0], 1.0).tolist()

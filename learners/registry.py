@@ -1,0 +1,646 @@
+"""Per-configuration learner sets, created on first sight, bounded, checkpointable.
+
+One :class:`LearnerSet` per configuration id holds one :class:`~learners.rls.RLSRegressor`
+per target, each created when its first observation arrives:
+
+==========================  ==============================================  =================
+learner                     regression                                      BLIS vector
+==========================  ==============================================  =================
+``beta``                    step period on the 11 BLIS terms (§5.3)         ``beta_coeffs``
+``beta_extended``           step period on BLIS terms + extended features   (diagnostic)
+``arrival_to_queued``       arrival→queued on an intercept                  ``alpha[0]``
+``finished_to_departed``    finished→departed on an intercept               ``alpha[1]``
+``output_token``            first token→first response on an intercept      ``alpha[2]``
+``queue_wait``              queue wait on (1, waiting, running, kv usage)   —
+``kv_store`` / ``kv_load``  transfer time on (1, bytes): base + bytes/BW    —
+==========================  ==============================================  =================
+
+Every observation is predicted before it is learned (:mod:`learners.evaluation`), with
+the learned vector, BLIS's shipped defaults and a windowed batch refit. New sets start
+from the :class:`~learners.prior.PooledPrior` of similar known configurations. The number
+of live sets is bounded (LRU); an evicted set is reduced to its ``state_dict`` (handed to
+``on_evict`` for a checkpoint, and parked in memory, bounded) and restored exactly when
+its configuration is seen again.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import structlog
+
+from learners.config import LearnersConfig
+from learners.drift import DriftMonitor
+from learners.evaluation import Evaluator, WindowedRefit, step_regime
+from learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA, TERM_NAMES, BlisBasis
+from learners.features.config import BasisResolver, ServingConfig
+from learners.features.extended import EXTENDED_NAMES, extended_terms
+from learners.features.observe import kv_bytes_per_block, step_features
+from learners.prior import PooledPrior, prior_precision
+from learners.rls import RLSRegressor
+from receivers.observations import (
+    KVTransferObservation,
+    Observation,
+    RequestObservation,
+    StepObservation,
+)
+
+__all__ = [
+    "ALPHA_TARGETS",
+    "ConfigSnapshot",
+    "LearnerRegistry",
+    "LearnerSet",
+    "Scored",
+    "VectorSnapshot",
+]
+
+_log = structlog.get_logger(__name__)
+
+FloatArray = npt.NDArray[np.float64]
+
+ALPHA_TARGETS: tuple[str, ...] = ("arrival_to_queued", "finished_to_departed", "output_token")
+QUEUE_FEATURES: tuple[str, ...] = ("one", "waiting_depth", "running_depth", "kv_usage")
+KV_FEATURES: tuple[str, ...] = ("one", "bytes")
+BETA_EXTENDED_FEATURES: tuple[str, ...] = tuple(TERM_NAMES) + tuple(EXTENDED_NAMES)
+_ONE = ("one",)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One prequential prediction: the target, the measured value and each source's guess."""
+
+    target: str
+    y: float
+    predictions: dict[str, float]
+    regime: str | None = None
+
+
+@dataclass(frozen=True)
+class VectorSnapshot:
+    """One learned vector. ``values`` is always publishable (finite, ≥ 0, full length)."""
+
+    name: str
+    names: tuple[str, ...]
+    values: tuple[float, ...]
+    unconstrained: tuple[float, ...]
+    std: tuple[float, ...]
+    prior: tuple[float, ...]
+    identified: tuple[bool, ...]
+    unidentified: tuple[str, ...]
+    observations: int
+    rejected: int
+    n_effective: float
+    mape: float
+    rmse: float
+    drift_detections: int
+    drift_history: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class ConfigSnapshot:
+    """What the publisher needs for one configuration.
+
+    ``alpha`` (3) and ``beta`` (11) are BLIS-ready: finite, non-negative, right length —
+    learned where data exists, the (pooled) prior elsewhere. ``vectors`` has the detail of
+    every learner; ``errors`` the rolling prequential errors
+    ``{target: {source: {regime: {"mape", "rmse", "n"}}}}``.
+    """
+
+    config_id: str
+    labels: dict[str, str]
+    alpha: tuple[float, ...]
+    beta: tuple[float, ...]
+    vectors: dict[str, VectorSnapshot]
+    observations: int
+    version: int
+    created_wall_ns: int
+    updated_wall_ns: int
+    prior_sources: tuple[str, ...]
+    errors: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class LearnerSet:
+    """The learners of one configuration (see module table)."""
+
+    def __init__(
+        self,
+        config: ServingConfig,
+        basis: BlisBasis | None,
+        settings: LearnersConfig,
+        beta_prior: FloatArray,
+        beta_precision: FloatArray,
+        alpha_prior: FloatArray,
+        prior_sources: tuple[str, ...] = (),
+    ) -> None:
+        self.config = config
+        self.basis = basis
+        self.settings = settings
+        self.beta_prior = np.asarray(beta_prior, dtype=float)
+        self.beta_precision = np.asarray(beta_precision, dtype=float)
+        self.alpha_prior = np.asarray(alpha_prior, dtype=float)
+        self.prior_sources = prior_sources
+        self.learners: dict[str, RLSRegressor] = {}
+        ev = settings.evaluation
+        self.baseline = WindowedRefit(
+            ev.baseline_window, ev.baseline_refit_every, len(TERM_NAMES), initial=BLIS_DEFAULT_BETA
+        )
+        self.version = 0
+        self.observations = 0
+        self.created_wall_ns = time.time_ns()
+        self.updated_wall_ns = self.created_wall_ns
+
+    # -------------------------------------------------------------- learners
+
+    def _drift(self, target: str) -> DriftMonitor | None:
+        d = self.settings.drift
+        if not d.enabled:
+            return None
+        return DriftMonitor(
+            d.detector,
+            d.params,
+            d.grace,
+            d.keep,
+            d.fast_forgetting,
+            d.fast_for,
+            label=f"{self.config.id}/{target}",
+        )
+
+    def learner(self, target: str) -> RLSRegressor:
+        """The learner of ``target``, created on first use."""
+        m = self.learners.get(target)
+        if m is None:
+            m = self._make(target)
+            self.learners[target] = m
+        return m
+
+    def _make(self, target: str) -> RLSRegressor:
+        s = self.settings
+        common: dict[str, Any] = {
+            "huber": s.huber,
+            "scale_memory": s.scale_memory,
+            "refresh_every": s.refresh_every,
+            "drift": self._drift(target),
+        }
+        if target == "beta":
+            return RLSRegressor(
+                TERM_NAMES,
+                forgetting=s.forgetting,
+                prior_mean=self.beta_prior.tolist(),
+                prior_precision=self.beta_precision,
+                weighting=s.weighting,
+                **common,
+            )
+        if target == "beta_extended":
+            n_ext = len(EXTENDED_NAMES)
+            mean = np.concatenate([self.beta_prior, np.zeros(n_ext)])
+            prec = np.concatenate(
+                [
+                    self.beta_precision,
+                    prior_precision(np.zeros(n_ext), s.prior_strength, s.prior_scale_floor),
+                ]
+            )
+            return RLSRegressor(
+                BETA_EXTENDED_FEATURES,
+                forgetting=s.forgetting,
+                prior_mean=mean.tolist(),
+                prior_precision=prec,
+                weighting=s.weighting,
+                **common,
+            )
+        if target in ALPHA_TARGETS:
+            mean = self.alpha_prior[ALPHA_TARGETS.index(target) : ALPHA_TARGETS.index(target) + 1]
+            return RLSRegressor(
+                _ONE,
+                forgetting=s.alpha_forgetting,
+                prior_mean=mean.tolist(),
+                prior_precision=prior_precision(
+                    mean.tolist(), s.prior_strength, s.prior_scale_floor
+                ),
+                weighting="relative",
+                **common,
+            )
+        if target == "queue_wait":
+            # Queue waits are often ~0: relative weights would explode, so plain LS.
+            return RLSRegressor(
+                QUEUE_FEATURES,
+                forgetting=s.alpha_forgetting,
+                prior_precision=1e-6,
+                weighting="none",
+                **common,
+            )
+        if target in ("kv_store", "kv_load"):
+            return RLSRegressor(
+                KV_FEATURES,
+                forgetting=s.kv_forgetting,
+                prior_precision=[s.prior_strength * 1e-6, s.prior_strength * 1e6],
+                weighting="relative",
+                **common,
+            )
+        raise KeyError(target)
+
+    # -------------------------------------------------------------- learning
+
+    def learn(self, obs: Observation, evaluator: Evaluator | None) -> list[Scored]:
+        """Predict, score, then learn one observation; returns what was scored."""
+        if isinstance(obs, StepObservation):
+            out = self._learn_step(obs, evaluator)
+        elif isinstance(obs, RequestObservation):
+            out = self._learn_request(obs, evaluator)
+        elif isinstance(obs, KVTransferObservation):
+            out = self._learn_kv(obs, evaluator)
+        else:
+            out = []
+        if out:
+            self.version += 1
+            self.observations += 1
+            self.updated_wall_ns = time.time_ns()
+        return out
+
+    def _score(
+        self,
+        evaluator: Evaluator | None,
+        target: str,
+        y: float,
+        preds: dict[str, float],
+        regime: str | None,
+    ) -> Scored:
+        if evaluator is not None:
+            evaluator.record(self.config.id, target, y, preds, regime)
+        return Scored(target, y, preds, regime)
+
+    def _learn_step(self, obs: StepObservation, evaluator: Evaluator | None) -> list[Scored]:
+        if self.basis is None:
+            return []
+        y = float(obs.period_us)
+        x = step_features(obs, self.basis, block_size=self.config.block_size)
+        if not (math.isfinite(y) and y > 0 and np.all(np.isfinite(x))):
+            self.learner("beta").n_rejected += 1
+            return []
+        agg = obs.aggregates
+        regime = step_regime(
+            agg.prefill_tokens,
+            agg.decode_tokens,
+            agg.kv_usage_gpu_ratio,
+            heavy_fraction=self.settings.evaluation.heavy_fraction,
+            kv_saturated=self.settings.evaluation.kv_saturated,
+        )
+        beta = self.learner("beta")
+        preds = {
+            "learned": float(x @ beta.nonnegative_coef()),
+            "blis_default": float(x @ np.asarray(BLIS_DEFAULT_BETA)),
+            "batch_refit": self.baseline.predict_one(x),
+        }
+        xe: FloatArray | None = None
+        if self.settings.extended:
+            xe = np.concatenate([x, extended_terms(obs, self.basis, self.config)])
+            if np.all(np.isfinite(xe)):
+                preds["learned_extended"] = float(xe @ self.learner("beta_extended").coef)
+            else:
+                xe = None
+        scored = self._score(evaluator, "step_period", y, preds, regime)
+        beta.learn_many(x[None, :], [y])
+        if xe is not None:
+            self.learner("beta_extended").learn_many(xe[None, :], [y])
+        self.baseline.learn_one(x, y)
+        return [scored]
+
+    def _learn_request(self, obs: RequestObservation, evaluator: Evaluator | None) -> list[Scored]:
+        out: list[Scored] = []
+        default = dict(zip(ALPHA_TARGETS, BLIS_DEFAULT_ALPHA, strict=True))
+        for target, y in (
+            ("arrival_to_queued", obs.arrival_to_queued_us),
+            ("finished_to_departed", obs.finished_to_departed_us),
+            ("output_token", obs.first_token_to_response_us),
+        ):
+            if y is None:
+                continue
+            m = self.learner(target)
+            if not (math.isfinite(y) and y >= 0):
+                m.n_rejected += 1
+                continue
+            preds = {"learned": float(m.nonnegative_coef()[0]), "blis_default": default[target]}
+            out.append(self._score(evaluator, target, float(y), preds, None))
+            m.learn_one({"one": 1.0}, float(y))
+        qs = obs.queue_state
+        if obs.queue_wait_us is not None and qs is not None:
+            m = self.learner("queue_wait")
+            xq = {
+                "one": 1.0,
+                "waiting_depth": float(qs.waiting_depth),
+                "running_depth": float(qs.running_depth),
+                "kv_usage": float(qs.kv_usage_gpu_ratio),
+            }
+            y = float(obs.queue_wait_us)
+            if math.isfinite(y):
+                out.append(
+                    self._score(evaluator, "queue_wait", y, {"learned": m.predict_one(xq)}, None)
+                )
+            m.learn_one(xq, y)
+        return out
+
+    def _learn_kv(self, obs: KVTransferObservation, evaluator: Evaluator | None) -> list[Scored]:
+        if not obs.success:
+            return []
+        target = "kv_store" if obs.store else "kv_load"
+        m = self.learner(target)
+        nbytes = obs.bytes
+        if nbytes is None and self.basis is not None:
+            nbytes = obs.block_count * kv_bytes_per_block(self.basis.model, self.config.block_size)
+        if nbytes is None:
+            m.n_rejected += 1
+            return []
+        x = {"one": 1.0, "bytes": float(nbytes)}
+        y = float(obs.duration_us)
+        scored = []
+        if math.isfinite(y) and y > 0:
+            scored.append(self._score(evaluator, target, y, {"learned": m.predict_one(x)}, None))
+        m.learn_one(x, y)
+        return scored
+
+    # -------------------------------------------------------------- output
+
+    def vector(
+        self, name: str, evaluator: Evaluator | None, threshold: float
+    ) -> VectorSnapshot | None:
+        m = self.learners.get(name)
+        if m is None:
+            return None
+        blis = name == "beta" or name in ALPHA_TARGETS or name in ("kv_store", "kv_load")
+        prior = np.asarray(m.prior_mean if m.prior_mean is not None else np.zeros(len(m.features)))
+        raw = m.coef
+        values = m.nonnegative_coef() if blis else raw
+        ident = m.identified(threshold)
+        # Terms the data cannot identify keep their prior value (never a data artefact).
+        if blis:
+            values = np.where(ident, values, np.maximum(prior, 0.0)) if name == "beta" else values
+            if not _publishable(values, len(m.features)):
+                _log.warning("invalid_vector_replaced_by_prior", config=self.config.id, vector=name)
+                values = np.maximum(np.nan_to_num(prior, nan=0.0, posinf=0.0), 0.0)
+        target = {"beta": "step_period", "beta_extended": "step_period"}.get(name, name)
+        source = "learned_extended" if name == "beta_extended" else "learned"
+        mape = rmse = math.nan
+        if evaluator is not None:
+            s = evaluator.summary(self.config.id, target).get(source, {}).get("all")
+            if s:
+                mape, rmse = s["mape"], s["rmse"]
+        drift = m.drift
+        return VectorSnapshot(
+            name=name,
+            names=tuple(m.features),
+            values=tuple(float(v) for v in values),
+            unconstrained=tuple(float(v) for v in raw),
+            std=tuple(float(v) for v in m.coef_std()),
+            prior=tuple(float(v) for v in prior),
+            identified=tuple(bool(v) for v in ident),
+            unidentified=tuple(f for f, ok in zip(m.features, ident, strict=True) if not ok),
+            observations=m.n_learned,
+            rejected=m.n_rejected,
+            n_effective=m.n_effective,
+            mape=mape,
+            rmse=rmse,
+            drift_detections=0 if drift is None else drift.detections,
+            drift_history=() if drift is None else tuple(dict(e) for e in drift.history),
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "config": self.config.to_dict(),
+            "beta_prior": self.beta_prior.tolist(),
+            "beta_precision": self.beta_precision.tolist(),
+            "alpha_prior": self.alpha_prior.tolist(),
+            "prior_sources": list(self.prior_sources),
+            "learners": {k: m.state_dict() for k, m in self.learners.items()},
+            "baseline": self.baseline.coef.tolist(),
+            "version": self.version,
+            "observations": self.observations,
+            "created_wall_ns": self.created_wall_ns,
+            "updated_wall_ns": self.updated_wall_ns,
+        }
+
+
+def _publishable(v: FloatArray, n: int) -> bool:
+    return bool(v.shape == (n,) and np.all(np.isfinite(v)) and np.all(v >= 0))
+
+
+class LearnerRegistry:
+    """Learner sets by configuration id (LRU-bounded), with pooled priors and evaluation.
+
+    Usage (see ``tests/learners/test_registry.py``)::
+
+        reg = LearnerRegistry(LearnersConfig(), on_evict=checkpoint_writer)
+        for obs in observations:
+            scored = reg.learn(serving_config, obs)   # prequential predictions, for metrics
+        snap = reg.snapshot(serving_config.id)         # ConfigSnapshot: alpha, beta, detail
+    """
+
+    def __init__(
+        self,
+        settings: LearnersConfig | None = None,
+        resolver: BasisResolver | None = None,
+        beta_pool: PooledPrior | None = None,
+        alpha_pool: PooledPrior | None = None,
+        evaluator: Evaluator | None = None,
+        on_evict: Callable[[str, dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.settings = settings or LearnersConfig()
+        s = self.settings
+        self.resolver = resolver or BasisResolver()
+        self.beta_pool = beta_pool or PooledPrior(
+            BLIS_DEFAULT_BETA, s.prior_strength, s.prior_scale_floor
+        )
+        self.alpha_pool = alpha_pool or PooledPrior(
+            BLIS_DEFAULT_ALPHA, s.prior_strength, s.prior_scale_floor
+        )
+        self.evaluator = evaluator if evaluator is not None else Evaluator(s.evaluation.window)
+        self.on_evict = on_evict
+        self._sets: OrderedDict[str, LearnerSet] = OrderedDict()
+        self._parked: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._bad_configs: set[str] = set()
+        self.rejected = 0
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._sets)
+
+    def __contains__(self, config_id: object) -> bool:
+        return config_id in self._sets
+
+    def ids(self) -> list[str]:
+        """Live configuration ids, least recently used first."""
+        return list(self._sets)
+
+    def get(self, config_id: str) -> LearnerSet | None:
+        return self._sets.get(config_id)
+
+    def ensure(self, config: ServingConfig) -> LearnerSet:
+        """The set of ``config``: live, restored from the parking lot, or new (pooled prior)."""
+        cid = config.id
+        ls = self._sets.get(cid)
+        if ls is not None:
+            self._sets.move_to_end(cid)
+            return ls
+        parked = self._parked.pop(cid, None)
+        if parked is not None:
+            ls = self._from_state(parked)
+        else:
+            basis: BlisBasis | None
+            try:
+                basis = self.resolver.basis(config)
+            except Exception as exc:  # unknown model/GPU: alpha/queue learners still work
+                if cid not in self._bad_configs:
+                    self._bad_configs.add(cid)
+                    _log.warning("basis_unavailable", config=cid, error=str(exc))
+                basis = None
+            bp = self.beta_pool.prior_for(config)
+            ap = self.alpha_pool.prior_for(config)
+            ls = LearnerSet(
+                config, basis, self.settings, bp.mean, bp.precision, ap.mean, bp.sources
+            )
+            _log.info(
+                "learner_set_created",
+                config=cid,
+                label=config.short_label,
+                prior_sources=len(bp.sources),
+            )
+        self._sets[cid] = ls
+        self._evict_over_limit()
+        return ls
+
+    def learn(self, config: ServingConfig, obs: Observation) -> list[Scored]:
+        """Predict-then-learn one observation of ``config``; returns the scored predictions."""
+        ls = self.ensure(config)
+        out = ls.learn(obs, self.evaluator)
+        if not out:
+            self.rejected += 1
+        return out
+
+    # -------------------------------------------------------------- output
+
+    def snapshot(self, config_id: str) -> ConfigSnapshot:
+        """Current valid coefficients and metadata of a configuration (also feeds the pool)."""
+        ls = self._sets.get(config_id)
+        if ls is None:
+            parked = self._parked.get(config_id)
+            if parked is None:
+                raise KeyError(config_id)
+            ls = self._from_state(parked)
+        th = self.settings.identify_threshold
+        vectors: dict[str, VectorSnapshot] = {}
+        for name in ls.learners:
+            v = ls.vector(name, self.evaluator, th)
+            if v is not None:
+                vectors[name] = v
+        beta = (
+            vectors["beta"].values
+            if "beta" in vectors
+            else tuple(np.maximum(ls.beta_prior, 0.0).tolist())
+        )
+        alpha = tuple(
+            vectors[t].values[0] if t in vectors else float(max(ls.alpha_prior[i], 0.0))
+            for i, t in enumerate(ALPHA_TARGETS)
+        )
+        if "beta" in vectors and vectors["beta"].observations > 0:
+            vb = vectors["beta"]
+            self.beta_pool.add(ls.config, vb.values, vb.identified, vb.n_effective, key=config_id)
+        alpha_n = [vectors[t].n_effective for t in ALPHA_TARGETS if t in vectors]
+        if len(alpha_n) == len(ALPHA_TARGETS):
+            self.alpha_pool.add(ls.config, alpha, None, min(alpha_n), key=config_id)
+        errors = {
+            t: self.evaluator.summary(config_id, t) for t in self.evaluator.targets(config_id)
+        }
+        return ConfigSnapshot(
+            config_id=config_id,
+            labels=ls.config.labels,
+            alpha=alpha,
+            beta=beta,
+            vectors=vectors,
+            observations=ls.observations,
+            version=ls.version,
+            created_wall_ns=ls.created_wall_ns,
+            updated_wall_ns=ls.updated_wall_ns,
+            prior_sources=ls.prior_sources,
+            errors=errors,
+        )
+
+    # -------------------------------------------------------------- bounds / checkpoints
+
+    def evict(self, config_id: str) -> dict[str, Any]:
+        """Remove a live set; returns its state (also given to ``on_evict`` and parked)."""
+        ls = self._sets.pop(config_id)
+        state = ls.state_dict()
+        if self.on_evict is not None:
+            self.on_evict(config_id, state)
+        if self.settings.max_parked > 0:
+            self._parked[config_id] = state
+            while len(self._parked) > self.settings.max_parked:
+                self._parked.popitem(last=False)
+        self.evictions += 1
+        _log.info("learner_set_evicted", config=config_id, observations=ls.observations)
+        return state
+
+    def restore(self, state: Mapping[str, Any]) -> LearnerSet:
+        """Bring back a set from :meth:`state_dict` / eviction state (e.g. a checkpoint)."""
+        ls = self._from_state(state)
+        cid = ls.config.id
+        self._parked.pop(cid, None)
+        self._sets[cid] = ls
+        self._sets.move_to_end(cid)
+        self._evict_over_limit()
+        return ls
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every live and parked set, plus the pools (a full checkpoint)."""
+        sets = {cid: ls.state_dict() for cid, ls in self._sets.items()}
+        sets.update({cid: st for cid, st in self._parked.items() if cid not in sets})
+        return {
+            "version": 1,
+            "sets": sets,
+            "beta_pool": self.beta_pool.state_dict(),
+            "alpha_pool": self.alpha_pool.state_dict(),
+        }
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Restore a :meth:`state_dict` checkpoint (sets come back parked, revived on use)."""
+        self.beta_pool.load_state(state.get("beta_pool", {}))
+        self.alpha_pool.load_state(state.get("alpha_pool", {}))
+        for cid, st in state.get("sets", {}).items():
+            self._parked[cid] = dict(st)
+
+    def _evict_over_limit(self) -> None:
+        while len(self._sets) > self.settings.max_configurations:
+            cid = next(iter(self._sets))
+            self.evict(cid)
+
+    def _from_state(self, state: Mapping[str, Any]) -> LearnerSet:
+        config = ServingConfig.from_dict(state["config"])
+        try:
+            basis: BlisBasis | None = self.resolver.basis(config)
+        except Exception:
+            basis = None
+        ls = LearnerSet(
+            config,
+            basis,
+            self.settings,
+            np.asarray(state["beta_prior"]),
+            np.asarray(state["beta_precision"]),
+            np.asarray(state["alpha_prior"]),
+            tuple(state.get("prior_sources", ())),
+        )
+        for name, st in state["learners"].items():
+            ls.learners[name] = RLSRegressor.from_state(st)
+        ls.baseline.coef = np.asarray(state["baseline"], dtype=float)
+        ls.version = int(state["version"])
+        ls.observations = int(state["observations"])
+        ls.created_wall_ns = int(state["created_wall_ns"])
+        ls.updated_wall_ns = int(state["updated_wall_ns"])
+        return ls
