@@ -50,12 +50,22 @@ def retry_trailers(delay_seconds: float, message: str) -> tuple[tuple[str, bytes
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 
 
-def _parse_or_none(data: bytes) -> trace_service_pb2.ExportTraceServiceRequest | None:
+class _Undecodable:
+    """Stands for a body that is not a request (grpc treats a ``None`` request as an
+    internal deserialization failure, so a marker object is needed)."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _parse_or_marker(data: bytes) -> trace_service_pb2.ExportTraceServiceRequest | _Undecodable:
     req = trace_service_pb2.ExportTraceServiceRequest()
     try:
         req.ParseFromString(data)
-    except DecodeError:
-        return None
+    except DecodeError as e:
+        return _Undecodable(f"invalid protobuf: {e}")
     return req
 
 
@@ -69,10 +79,12 @@ class _Servicer(trace_service_pb2_grpc.TraceServiceServicer):
         self._trailers = retry_trailers(retry_after, "coeffd pipeline full, retry later")
 
     def Export(
-        self, request: trace_service_pb2.ExportTraceServiceRequest | None, context: Any
+        self,
+        request: trace_service_pb2.ExportTraceServiceRequest | _Undecodable,
+        context: Any,
     ) -> trace_service_pb2.ExportTraceServiceResponse:
-        if request is None:  # body was not a protobuf ExportTraceServiceRequest
-            self._ingestor.invalid("invalid protobuf", peer=context.peer())
+        if isinstance(request, _Undecodable):
+            self._ingestor.invalid(request.reason, peer=context.peer())
             context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
             context.set_details("request is not a valid ExportTraceServiceRequest")
             return trace_service_pb2.ExportTraceServiceResponse()
@@ -116,7 +128,7 @@ class OtlpGrpcReceiver:
                     {
                         "Export": grpc.unary_unary_rpc_method_handler(
                             servicer.Export,
-                            request_deserializer=_parse_or_none,
+                            request_deserializer=_parse_or_marker,
                             response_serializer=_serialize,
                         )
                     },
