@@ -68,6 +68,8 @@ def parse_beta(text: str) -> list[float]:
     """
     if text.strip().lower() == "default":
         return list(BLIS_DEFAULT_BETA)
+    if any(c.isspace() for c in text):
+        raise ValueError(f"--beta: comma-separated numbers without spaces, got {text!r}")
     try:
         values = [float(v) for v in text.split(",")]
     except ValueError:
