@@ -11,6 +11,9 @@ import pytest
 from daemon.commands import basis as basis_cmd
 
 
+LLAMA_H100 = ["--model-config", "llama-3.1-8b-instruct", "--hardware", "H100", "--tp", "1"]
+
+
 def run(argv: list[str]) -> int:
     p = argparse.ArgumentParser()
     sub = p.add_subparsers()
@@ -107,38 +110,14 @@ def test_bad_input(
 ) -> None:
     f = tmp_path / "batch.json"
     f.write_text(rows if isinstance(rows, str) else json.dumps(rows))
-    argv = [
-        "--model-config",
-        "llama-3.1-8b-instruct",
-        "--hardware",
-        "H100",
-        "--tp",
-        "1",
-        "--batch",
-        str(f),
-    ]
     # later flags win in argparse
-    assert run([*argv, *extra]) == 2
+    assert run([*LLAMA_H100, "--batch", str(f), *extra]) == 2
     err = capsys.readouterr().err
     assert match in err and err.startswith("coeffd basis: error:")
 
 
 def test_missing_batch_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert (
-        run(
-            [
-                "--model-config",
-                "llama-3.1-8b-instruct",
-                "--hardware",
-                "H100",
-                "--tp",
-                "1",
-                "--batch",
-                str(tmp_path / "no.json"),
-            ]
-        )
-        == 2
-    )
+    assert run([*LLAMA_H100, "--batch", str(tmp_path / "no.json")]) == 2
     assert "cannot read batch file" in capsys.readouterr().err
 
 
