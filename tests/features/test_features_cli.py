@@ -10,7 +10,6 @@ import pytest
 
 from daemon.commands import basis as basis_cmd
 
-
 LLAMA_H100 = ["--model-config", "llama-3.1-8b-instruct", "--hardware", "H100", "--tp", "1"]
 
 
