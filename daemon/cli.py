@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from daemon.commands import pull, replay, serve, simfleet
+from daemon.commands import basis, pull, replay, serve, simfleet
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -21,6 +21,7 @@ COMMANDS: tuple[ModuleType, ...] = (
     replay,
     simfleet,
     pull,
+    basis,
 )
 
 
