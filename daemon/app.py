@@ -92,8 +92,14 @@ class CountingConsumer:
         self.ticks += 1
 
     def close(self) -> None:
-        """Remember that we were closed."""
+        """Log what was counted (the one outcome line of a counting-only run)."""
         self.closed = True
+        log.info(
+            "counting consumer closed",
+            records=self.total,
+            batches=self.batches,
+            by_kind=dict(self.by_kind),
+        )
 
 
 class Pipeline:
