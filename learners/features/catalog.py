@@ -21,7 +21,7 @@ from typing import Any
 
 from learners.features.model import ModelConfigError, ModelSpec
 
-__all__ = ["MODELS", "load_model", "model_config", "resolve_model"]
+__all__ = ["MODELS", "canonical_model_name", "load_model", "model_config", "resolve_model"]
 
 
 def _models_dir() -> Any:
@@ -47,11 +47,22 @@ def model_config(name: str) -> dict[str, Any]:
     return data
 
 
+def canonical_model_name(name: str) -> str | None:
+    """The catalogue key a name refers to (case-insensitive, HF repo ids too), else None.
+
+    >>> canonical_model_name("meta-llama/Llama-3.1-8B-Instruct")
+    'llama-3.1-8b-instruct'
+    >>> canonical_model_name("my-private-model") is None
+    True
+    """
+    # HF repo ids ("meta-llama/Llama-3.1-8B-Instruct") match by their last component.
+    key = name.strip().lower().rsplit("/", 1)[-1]
+    return key if key in _names() else None
+
+
 def _canonical(name: str) -> str:
-    key = name.strip().lower()
-    # Accept HF repo ids ("meta-llama/Llama-3.1-8B-Instruct") by their last component.
-    key = key.rsplit("/", 1)[-1]
-    if key in _names():
+    key = canonical_model_name(name)
+    if key is not None:
         return key
     raise KeyError(f"unknown bundled model {name!r}; available: {', '.join(_names())}")
 

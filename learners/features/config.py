@@ -50,6 +50,7 @@ strings, because ``OTEL_RESOURCE_ATTRIBUTES`` values always do.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -63,7 +64,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from learners.features.basis import BlisBasis
-from learners.features.catalog import MODELS, load_model
+from learners.features.catalog import MODELS, canonical_model_name, load_model
 from learners.features.hardware import load_hardware
 from learners.features.model import ModelConfigError, ModelSpec
 from receivers.records import Source
@@ -137,9 +138,15 @@ def _parse_float(value: object, key: str) -> float:
     raise ServingConfigError(f"{key}: expected a number, got {value!r}")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ServingConfig:
-    """One serving configuration. ``None`` means "not reported" (distinct from a value)."""
+    """One serving configuration. ``None`` means "not reported" (distinct from a value).
+
+    ``model`` is kept as reported (e.g. an HF repo id) for labels; the identity uses the
+    bundled catalogue's canonical name when the model is bundled, and that file's hash when
+    no ``model_config_hash`` was reported, so ``meta-llama/Llama-3.1-8B-Instruct`` on the
+    wire and ``llama-3.1-8b-instruct`` in static settings are the same configuration.
+    """
 
     model: str
     gpu: str
@@ -176,10 +183,25 @@ class ServingConfig:
         """Plain dict of all fields (the canonical form hashed by :attr:`id`)."""
         return dataclasses.asdict(self)
 
-    @property
+    def identity(self) -> dict[str, Any]:
+        """The canonical form hashed by :attr:`id` (bundled model names canonicalised).
+
+        >>> ServingConfig(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100").id == \\
+        ...     ServingConfig(model="llama-3.1-8b-instruct", gpu="H100").id
+        True
+        """
+        d = self.to_dict()
+        canon = canonical_model_name(self.model)
+        if canon is not None:
+            d["model"] = canon
+            if not self.model_config_hash:
+                d["model_config_hash"] = MODELS[canon].config_hash
+        return d
+
+    @functools.cached_property
     def id(self) -> str:
         """12 hex digits, stable across processes, machines and key order."""
-        canon = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        canon = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
         return hashlib.blake2b(canon.encode(), digest_size=6).hexdigest()
 
     @property

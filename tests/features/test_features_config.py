@@ -215,3 +215,24 @@ def test_resolver_model_paths(tmp_path: Path) -> None:
     assert r.basis(ServingConfig(model="lab-model", gpu="A100-80")).model.num_layers == 2
     # Hash mismatch is a warning, not an error.
     assert r.basis(ServingConfig(model="lab-model", gpu="H100", model_config_hash="ffff")).tp == 1
+
+
+def test_hf_id_on_the_wire_equals_static_bundled_name() -> None:
+    wire = ServingConfig.from_resource(
+        src(
+            **{
+                "coeffd.model": "meta-llama/Llama-3.1-8B-Instruct",
+                "coeffd.gpu": "H100",
+                "coeffd.tp": "2",
+            }
+        )
+    )
+    static = ConfigurationSettings(
+        model="llama-3.1-8b-instruct", hardware="H100", tp=2
+    ).serving_config()
+    assert wire.model == "meta-llama/Llama-3.1-8B-Instruct"  # labels keep what was reported
+    assert wire.id == static.id
+    # A different config.json content is a different configuration.
+    assert wire.with_changes(model_config_hash="0" * 12).id != static.id
+    # Unknown models keep their name and (possibly empty) hash.
+    assert ServingConfig(model="Private/Model", gpu="H100").identity()["model"] == "Private/Model"
