@@ -1,0 +1,260 @@
+"""The Grafana dashboard, the alert rules and the collector config use only metric names
+the daemon really exports.
+
+A real daemon is started (``python -m daemon serve``) with the config.toml the chart
+renders (the fleet ConfigMap, ports moved to free localhost ports), fed a short
+``coeffd simfleet`` run over OTLP/gRPC when that command exists, and scraped over HTTP;
+the scrape is parsed with ``prometheus_client.parser``.
+
+Two paths (the test reports which one ran, as a warning and a junit property):
+
+* **live-only** — once the scrape carries the per-configuration learned families
+  (coefficients, prediction error, snapshots), every referenced name must be live.
+* **live + contract** — before the learner/publisher are wired into ``serve``, names the
+  scrape lacks must at least be in CONTRIBUTING.md's contract table, and every name the
+  scrape has must be exported with the contract's type.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import warnings
+from collections.abc import Callable, Iterator
+
+import pytest
+import yaml
+from deploy_helpers import (
+    CHART,
+    DEPLOY,
+    REPO,
+    config_toml,
+    contract_metrics,
+    dashboard_exprs,
+    manifests,
+    referenced_metrics,
+    render,
+    sample_names,
+)
+from prometheus_client.parser import text_string_to_metric_families
+
+#: Families that exist only once a configuration has been learned and published.
+LEARNED = {"coeffd_coefficient_value", "coeffd_prediction_mape"}
+#: Families the receivers/pipeline export from start-up, whatever else is wired.
+BASIC = {"coeffd_events_received_total", "coeffd_receiver_requests_total", "coeffd_queue_depth"}
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def _wait_for(
+    what: str, check: Callable[[], bool], proc: subprocess.Popen[bytes], limit: float
+) -> bool:
+    """Poll ``check`` until true; a start-up wait, never a timing assertion."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"daemon exited ({proc.returncode}) while waiting for {what}")
+        try:
+            if check():
+                return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("COEFFD_", "OTEL_"))}
+
+
+def _cli_has(command: str) -> bool:
+    out = subprocess.run(
+        [sys.executable, "-m", "daemon", "--help"],
+        cwd=REPO,
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return command in out.stdout
+
+
+class Scrape:
+    def __init__(self, text: str) -> None:
+        self.families = {f.name: f.type for f in text_string_to_metric_families(text)}
+        self.samples: set[str] = set()
+        for name, kind in self.families.items():
+            self.samples |= sample_names(name, kind)
+
+
+def _events_received(base: str) -> float:
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(_get(base + "/metrics")[1])
+        if f.name == "coeffd_events_received"
+        for s in f.samples
+        if s.name == "coeffd_events_received_total"
+    )
+
+
+@pytest.fixture(scope="module")
+def scrape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Scrape, str]]:
+    grpc, http_otlp, http = _free_ports(3)
+    values = {
+        "settings": {
+            "log": {"format": "json"},
+            "receivers": {
+                "otlp_grpc": {"endpoint": f"127.0.0.1:{grpc}"},
+                "otlp_http": {"endpoint": f"127.0.0.1:{http_otlp}"},
+            },
+            "http": {"endpoint": f"127.0.0.1:{http}"},
+        }
+    }
+    cfg = tmp_path_factory.mktemp("coeffd") / "config.toml"
+    cfg.write_text(config_toml(manifests(render(CHART, values))))
+    log = cfg.with_suffix(".log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daemon", "serve", "--config", str(cfg)],
+        cwd=REPO,
+        env=_clean_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{http}"
+    try:
+        assert _wait_for("/healthz", lambda: _get(base + "/healthz")[0] == 200, proc, 60), (
+            "daemon never became healthy"
+        )
+        assert _wait_for("/readyz", lambda: _get(base + "/readyz")[0] == 200, proc, 60)
+        path = "live + contract (no simfleet command)"
+        if _cli_has("simfleet"):
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "daemon",
+                    "simfleet",
+                    "--scenario",
+                    "steady",
+                    "--duration",
+                    "20",
+                    "--otlp-endpoint",
+                    f"127.0.0.1:{grpc}",
+                ],
+                cwd=REPO,
+                env=_clean_env(),
+                check=True,
+                capture_output=True,
+                timeout=240,
+            )
+            assert _wait_for("ingest", lambda: _events_received(base) > 0, proc, 30), (
+                "simfleet's spans never showed up in coeffd_events_received_total"
+            )
+            # learned families appear after the consumer's tick publishes
+            learned = _wait_for(
+                "learned families",
+                lambda: set(Scrape(_get(base + "/metrics")[1]).families) >= LEARNED,
+                proc,
+                10,
+            )
+            path = "live-only (simfleet fed)" if learned else "live + contract (simfleet fed)"
+        status, text = _get(base + "/metrics")
+        assert status == 200
+        yield Scrape(text), path
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def _referenced() -> dict[str, set[str]]:
+    dashboard = json.loads((DEPLOY / "grafana" / "coeffd-dashboard.json").read_text())
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "coeffd-alerts.yaml").read_text())
+    collector_text = (DEPLOY / "otel-collector" / "collector.yaml").read_text()
+    assert yaml.safe_load(collector_text)["exporters"]["loadbalancing"]
+    return {
+        "dashboard": set().union(*(referenced_metrics(e) for e in dashboard_exprs(dashboard))),
+        "alerts": set().union(
+            *(referenced_metrics(r["expr"]) for g in rules["groups"] for r in g["rules"])
+        ),
+        "collector": referenced_metrics(collector_text),
+    }
+
+
+def _contract_samples() -> set[str]:
+    out: set[str] = set()
+    for name, kind in contract_metrics().items():
+        out |= sample_names(name.removesuffix("_total") if kind == "counter" else name, kind)
+    return out
+
+
+def test_daemon_exports_the_basic_families(scrape: tuple[Scrape, str]) -> None:
+    live, _ = scrape
+    for name in BASIC:
+        assert name in live.samples, f"{name} not in the live scrape"
+
+
+def test_live_families_have_the_contract_type(scrape: tuple[Scrape, str]) -> None:
+    live, _ = scrape
+    contract = contract_metrics()
+    checked = 0
+    for name, kind in contract.items():
+        family = name.removesuffix("_total") if kind == "counter" else name
+        if family in live.families:
+            assert live.families[family] == kind, (name, live.families[family], kind)
+            checked += 1
+    assert checked >= len(BASIC)
+
+
+def test_dashboard_alerts_collector_use_only_exported_metrics(
+    scrape: tuple[Scrape, str], record_property: Callable[[str, object], None]
+) -> None:
+    live, path = scrape
+    record_property("metric_check_path", path)
+    warnings.warn(f"deploy metric-name check ran the {path} path", stacklevel=1)
+    refs = _referenced()
+    assert refs["dashboard"] >= LEARNED | {"coeffd_drift_detections_total"}, refs["dashboard"]
+    assert "coeffd_snapshot_timestamp_seconds" in refs["alerts"]
+    assert "coeffd_prediction_mape" in refs["alerts"]
+    allowed = live.samples if path.startswith("live-only") else live.samples | _contract_samples()
+    for source, names in refs.items():
+        unknown = names - allowed
+        assert not unknown, f"{source} uses metrics the daemon does not export: {sorted(unknown)}"
+    # Names the live daemon has must come from it, not just from the table.
+    used = set().union(*refs.values())
+    assert used & live.samples, "nothing the dashboard uses is live"
+
+
+def test_contract_parser_reads_the_table() -> None:
+    contract = contract_metrics()
+    assert contract["coeffd_prediction_mape"] == "gauge"
+    assert contract["coeffd_receiver_decode_seconds"] == "histogram"
+    assert contract["coeffd_kv_sequence_gaps_total"] == "counter"
+    assert "coeffd_made_up_total" not in _contract_samples()
