@@ -71,6 +71,12 @@ class JoinerConfig(BaseModel):
     max_period_ms: float = Field(
         default=2000.0, gt=0, description="A period above this is an idle gap or a stall: rejected."
     )
+    outlier_factor: float = Field(
+        default=8.0,
+        gt=1,
+        description="Reject a period above this multiple of the engine's recent median "
+        "(an idle gap or stall hidden between two anchors).",
+    )
     max_uncertainty_fraction: float = Field(
         default=0.15,
         gt=0,

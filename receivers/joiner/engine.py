@@ -114,6 +114,7 @@ class EngineState:
         self.kv_by_step: dict[int, list[KVTransferObservation]] = {}
         self.cal = _Calibration()
         self.max_step = 0
+        self.recent_periods: deque[float] = deque(maxlen=64)
 
     # ------------------------------------------------------------------ ingest
 
@@ -328,6 +329,10 @@ class EngineState:
         if mode is None:
             return StepResult(None, "unmatched", "mode_unknown")
         a = 1 if mode else 0
+        nxt_s = self.summaries.get(n + 1)
+        if a and nxt_s is not None and nxt_s.scheduled_tokens == 0:
+            # async: after an empty schedule(N+1) the loop may idle before S(N+2)
+            return StepResult(None, "rejected", "empty_next_step")
         for k in (n, n + 1, n + 2):
             self._calibrate(k, a)
         m = n + a
@@ -342,6 +347,13 @@ class EngineState:
             return StepResult(None, "rejected", "non_positive")
         if mid_ns > self.cfg.max_period_ms * 1e6:
             return StepResult(None, "rejected", "idle_gap")
+        recent = self.recent_periods
+        if (
+            len(recent) >= 16
+            and mid_ns > self.cfg.outlier_factor * sorted(recent)[len(recent) // 2]
+        ):
+            # far above its neighbours: an idle gap or a stall the anchors cannot tell apart
+            return StepResult(None, "rejected", "outlier_gap")
         if half_ns > self.cfg.max_uncertainty_fraction * mid_ns:
             return StepResult(None, "rejected", "uncertain")
         half_ns += self.cfg.loop_jitter_us * 1e3
@@ -351,8 +363,8 @@ class EngineState:
             method = PeriodMethod.COMPLETION_ANCHORS
         else:
             method = PeriodMethod.JOURNEY_ANCHORS
-        nxt = self.summaries.get(n + 1)
-        loop_us = (nxt.start_mono_ns - s.start_mono_ns) / 1e3 if nxt is not None else None
+        recent.append(mid_ns)
+        loop_us = (nxt_s.start_mono_ns - s.start_mono_ns) / 1e3 if nxt_s is not None else None
         comp, reqs = self._composition(n, s)
         obs = StepObservation(
             source=self.source,

@@ -79,6 +79,7 @@ class Joiner:
         self._pending_cov: list[tuple[EngineState, int, int]] = []
         self._kv_open: dict[kvmod.TransferKey, KVTransfer] = {}
         self._kv_done: dict[tuple[bool, kvmod.TransferKey], int] = {}
+        self._kv_early: dict[kvmod.TransferKey, KVTransfer] = {}  # completed, not initiated
         self._kv_link: dict[tuple[str, int], str] = {}
         self._out: list[Observation] = []
         self._dispatch: dict[type, Callable[[Any], None]] = {
@@ -140,7 +141,10 @@ class Joiner:
         self._ready.clear()
         if self._kv_open:
             self.metrics.outcome("kv_transfer", "expired", "no_completion", len(self._kv_open))
+        if self._kv_early:
+            self.metrics.outcome("kv_transfer", "unmatched", "no_initiation", len(self._kv_early))
         self._kv_open.clear()
+        self._kv_early.clear()
         self._kv_done.clear()
         self._done.clear()
         self._engines.clear()
@@ -156,7 +160,7 @@ class Joiner:
             e.update(eng.entries())
         e["request"] = len(self._requests)
         e["tombstone"] = len(self._done)
-        e["kv_open"] = len(self._kv_open)
+        e["kv_open"] = len(self._kv_open) + len(self._kv_early)
         e["kv_done"] = len(self._kv_done)
         e["engine"] = len(self._engines)
         return dict(e)
@@ -334,16 +338,27 @@ class Joiner:
                 old = next(iter(self._kv_open))
                 del self._kv_open[old]
                 self.metrics.outcome("kv_transfer", "expired", "capacity")
-            self._kv_open[key] = t
             self._kv_done[dkey] = b.wall_ns + self._window_ns
+            early = self._kv_early.pop(key, None)
+            if early is not None:
+                self._pair_kv(t, early)
+                return
+            self._kv_open[key] = t
             return
         self._kv_done[dkey] = b.wall_ns + self._window_ns
         init = self._kv_open.pop(key, None)
         if init is None:
-            self.metrics.outcome("kv_transfer", "unmatched", "no_initiation")
+            # completion first (out-of-order delivery): wait for the initiation
+            self._kv_early[key] = t
             return
-        obs = kvmod.pair(init, t)
-        self._emit_kv(obs, b.source, b.dp_rank)
+        self._pair_kv(init, t)
+
+    def _pair_kv(self, init: KVTransfer, done: KVTransfer) -> None:
+        obs = kvmod.pair(init, done)
+        if obs.duration_us < 0:
+            self.metrics.outcome("kv_transfer", "rejected", "negative_duration")
+            return
+        self._emit_kv(obs, init.batch.source, init.batch.dp_rank)
 
     # ================================================================= requests
 
@@ -512,6 +527,8 @@ class Joiner:
             heapq.heapify(self._req_heap)
         self._expire_dict(self._done)
         self._expire_dict(self._kv_done)
+        self._expire_kv(self._kv_open, "expired", "no_completion")
+        self._expire_kv(self._kv_early, "unmatched", "no_initiation")
         self._update_gauges()
         self._log_summary()
 
@@ -528,6 +545,21 @@ class Joiner:
         cap = 2 * self.cfg.max_requests
         while len(d) > cap:
             del d[next(iter(d))]
+
+    def _expire_kv(self, d: dict[kvmod.TransferKey, KVTransfer], outcome: str, why: str) -> None:
+        """Drop unpaired transfer halves older than the window (insertion ≈ time order)."""
+        drop = []
+        for k, t in d.items():
+            b = t.batch
+            if b.wall_ns >= self._wm.get(b.source.id, 0) - self._window_ns:
+                break
+            drop.append(k)
+        while len(d) - len(drop) > self.cfg.max_kv_transfers:
+            drop.append(list(d)[len(drop)])
+        for k in drop:
+            del d[k]
+        if drop:
+            self.metrics.outcome("kv_transfer", outcome, why, len(drop))
 
     def _update_gauges(self) -> None:
         for kind, n in self.entries().items():
