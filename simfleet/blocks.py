@@ -69,6 +69,11 @@ class BlockPool:
                 self._free.pop(b, None)
             self._ref[b] += 1
 
+    def num_idle(self, blocks: list[int]) -> int:
+        """How many of ``blocks`` sit in the free queue (touching them shrinks it)."""
+        ref = self._ref
+        return sum(1 for b in blocks if ref[b] == 0)
+
     def can_allocate(self, n: int) -> bool:
         return n <= len(self._free)
 

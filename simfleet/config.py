@@ -41,6 +41,8 @@ class CoefficientSchedule:
     def at(self, t_s: float) -> Coefficients:
         """Coefficients in force at simulated time ``t_s``."""
         pts = self.points
+        if len(pts) == 1:
+            return pts[0]
         i = bisect.bisect_right([p.t_s for p in pts], t_s) - 1
         i = max(0, i)
         if not self.gradual or i + 1 >= len(pts):

@@ -408,7 +408,7 @@ class Engine:
 
     def _commit(self, r: Req, upto_tokens: int) -> None:
         """Commit full blocks of known tokens up to ``upto_tokens`` (BlockStored)."""
-        upto = min(upto_tokens, self._known(r), len(r.blocks) * self.bs) // self.bs
+        upto = min(upto_tokens, len(r.tokens), len(r.blocks) * self.bs) // self.bs
         if upto <= r.committed:
             return
         self._ensure_hashes(r, upto)
@@ -418,10 +418,6 @@ class Engine:
             r.blocks[c:upto], r.hashes[c:upto], parent, r.tokens[c * self.bs : upto * self.bs]
         )
         r.committed = upto
-
-    def _guard(self, r: Req) -> bool:
-        """Async max-token guard: no more tokens than ``max_tokens`` in flight."""
-        return r.num_out + r.placeholders >= r.max_tokens
 
     def _preempt(self, v: Req, n: int, t: int) -> None:
         self.pool.free(v.blocks)
@@ -450,8 +446,9 @@ class Engine:
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]
-            need = self._known(r) + r.placeholders - r.computed
-            if need <= 0 or self._guard(r):
+            need = len(r.tokens) + r.placeholders - r.computed
+            # async max-token guard: no more tokens in flight than max_tokens
+            if need <= 0 or len(r.tokens) - r.prompt_len + r.placeholders >= r.max_tokens:
                 i += 1
                 continue
             n = min(need, budget)
@@ -511,7 +508,7 @@ class Engine:
                 need = self._known(r) - start
                 n = min(need, budget)
                 nb = -(-(start + n) // bs) - len(hits)
-                if not pool.can_allocate(nb):
+                if not pool.can_allocate(nb + pool.num_idle(hits)):
                     break
                 pool.touch(hits)
                 r.blocks = list(hits) + pool.allocate(nb)
@@ -730,6 +727,7 @@ class Engine:
         tev = t + 10 * US
         em = self.em
         nz = self.spec.noise
+        c = self.coeffs(t)
         for e in b.entries:
             r = e.req
             if not e.samples or r.finished or r.epoch != e.epoch:
@@ -737,7 +735,6 @@ class Engine:
             r.placeholders -= 1
             r.tokens.append(self.rng.getrandbits(16))
             tev += 4 * US
-            c = self.coeffs(tev)
             if r.num_out == 1:
                 self._journey(r, "FIRST_TOKEN", tev, b.step)
                 if em is not None and r.api_span is not None and r.arr.stream:

@@ -1,0 +1,246 @@
+"""Every span and event simfleet emits has vLLM's names, keys and value types (spec §2)."""
+
+from __future__ import annotations
+
+import collections
+import json
+
+from receivers.otlp.decode import Decoder
+from receivers.records import (
+    ApiEvent,
+    BatchSummary,
+    CoreSpan,
+    JourneyEvent,
+    RequestSnapshot,
+    RequestSpan,
+    StepSpan,
+)
+from simfleet.telemetry import request_to_json
+
+S, I, D = "string_value", "int_value", "double_value"
+
+# The spec's tables, written out so a renamed key or a changed type fails here.
+SPAN_ATTRS: dict[str, tuple[dict[str, str], set[str]]] = {
+    # name: ({key: type}, optional keys)
+    "llm_request": (
+        {
+            "gen_ai.request.id": S,
+            "http.route": S,
+            "gen_ai.response.model": S,
+            "gen_ai.usage.prompt_tokens": I,
+            "gen_ai.request.temperature": D,
+            "gen_ai.request.top_p": D,
+            "gen_ai.request.max_tokens": I,
+            "gen_ai.request.n": I,
+            "gen_ai.usage.completion_tokens": I,
+        },
+        {"gen_ai.usage.completion_tokens"},
+    ),
+    "llm_core": ({"gen_ai.request.id": S}, set()),
+    "scheduler_steps": (
+        {
+            "scheduler.span_sequence": I,
+            "scheduler.step_range_start": I,
+            "scheduler.closure_interval": I,
+            "scheduler.step_range_end": I,
+        },
+        set(),
+    ),
+}
+JOURNEY_COMMON = {
+    "event.type": S,
+    "ts.monotonic": D,
+    "ts.monotonic_ns": I,
+    "scheduler.step": I,
+    "phase": S,
+    "prefill.done_tokens": I,
+    "prefill.total_tokens": I,
+    "decode.done_tokens": I,
+    "decode.max_tokens": I,
+    "num_preemptions": I,
+}
+EVENT_ATTRS: dict[str, tuple[dict[str, str], set[str]]] = {
+    "api.ARRIVED": ({"event.ts.monotonic": D}, set()),
+    "api.HANDOFF_TO_CORE": ({"event.ts.monotonic": D}, set()),
+    "api.FIRST_RESPONSE_FROM_CORE": ({"event.ts.monotonic": D}, set()),
+    "api.DEPARTED": ({"event.ts.monotonic": D}, set()),
+    "journey.QUEUED": (JOURNEY_COMMON, set()),
+    "journey.SCHEDULED": ({**JOURNEY_COMMON, "schedule.kind": S}, set()),
+    "journey.FIRST_TOKEN": (JOURNEY_COMMON, set()),
+    "journey.PREEMPTED": (JOURNEY_COMMON, set()),
+    "journey.FINISHED": ({**JOURNEY_COMMON, "finish.status": S}, set()),
+    "step.BATCH_SUMMARY": (
+        {
+            "step.id": I,
+            "step.ts_start_ns": I,
+            "step.ts_end_ns": I,
+            "step.duration_us": I,
+            "queue.running_depth": I,
+            "queue.waiting_depth": I,
+            "batch.num_prefill_reqs": I,
+            "batch.num_decode_reqs": I,
+            "batch.scheduled_tokens": I,
+            "batch.prefill_tokens": I,
+            "batch.decode_tokens": I,
+            "batch.num_finished": I,
+            "batch.num_preempted": I,
+            "kv.usage_gpu_ratio": D,
+            "kv.blocks_total_gpu": I,
+            "kv.blocks_free_gpu": I,
+        },
+        set(),
+    ),
+    "step.REQUEST_SNAPSHOT": (
+        {
+            "step.id": I,
+            "request.id": S,
+            "request.phase": S,
+            "request.num_prompt_tokens": I,
+            "request.num_computed_tokens": I,
+            "request.num_output_tokens": I,
+            "request.num_preemptions": I,
+            "request.scheduled_tokens_this_step": I,
+            "kv.blocks_allocated_gpu": I,
+            "kv.blocks_cached_gpu": I,
+            "request.effective_prompt_len": I,
+        },
+        {"request.effective_prompt_len"},
+    ),
+}
+SCOPE_OF = {
+    "llm_request": "vllm.api",
+    "llm_core": "vllm.scheduler",
+    "scheduler_steps": "vllm.scheduler.step",
+}
+KIND_OF = {"llm_request": 2, "llm_core": 1, "scheduler_steps": 1}
+EVENTS_OF = {
+    "llm_request": "api.",
+    "llm_core": "journey.",
+    "scheduler_steps": "step.",
+}
+
+
+def _check_attrs(where: str, attrs: object, table: tuple[dict[str, str], set[str]]) -> None:
+    expected, optional = table
+    got = {kv.key: kv.value.WhichOneof("value") for kv in attrs}  # type: ignore[attr-defined]
+    missing = set(expected) - set(got) - optional
+    assert not missing, f"{where}: missing {missing}"
+    unknown = set(got) - set(expected)
+    assert not unknown, f"{where}: unexpected {unknown}"
+    for k, t in got.items():
+        assert t == expected[k], f"{where}: {k} is {t}, spec says {expected[k]}"
+
+
+def test_every_span_and_event_matches_the_spec(steady_full):
+    seen = collections.Counter()
+    for scope, _res, sp in steady_full.spans():
+        base = "scheduler_steps" if sp.name.startswith("scheduler_steps_") else sp.name
+        assert base in SPAN_ATTRS, sp.name
+        assert scope == SCOPE_OF[base]
+        assert sp.kind == KIND_OF[base]
+        _check_attrs(sp.name, sp.attributes, SPAN_ATTRS[base])
+        for ev in sp.events:
+            assert ev.name.startswith(EVENTS_OF[base]), (sp.name, ev.name)
+            _check_attrs(ev.name, ev.attributes, EVENT_ATTRS[ev.name])
+            seen[ev.name] += 1
+        seen[base] += 1
+    for name in (
+        "llm_request",
+        "llm_core",
+        "scheduler_steps",
+        "api.ARRIVED",
+        "api.HANDOFF_TO_CORE",
+        "api.FIRST_RESPONSE_FROM_CORE",
+        "api.DEPARTED",
+        "journey.QUEUED",
+        "journey.SCHEDULED",
+        "journey.FIRST_TOKEN",
+        "journey.FINISHED",
+        "step.BATCH_SUMMARY",
+        "step.REQUEST_SNAPSHOT",
+    ):
+        assert seen[name] > 0, name
+
+
+def test_span_linkage_flags_and_clocks(steady_full):
+    api = {}
+    core = []
+    for _scope, _res, sp in steady_full.spans():
+        if sp.name == "llm_request":
+            api[sp.span_id] = sp
+            assert sp.flags == 0x100 and not sp.parent_span_id
+        elif sp.name == "llm_core":
+            core.append(sp)
+            assert sp.flags == 0x300  # parent extracted from injected trace headers
+        else:
+            assert sp.flags == 0x100 and not sp.parent_span_id
+    assert core
+    offsets = set()
+    for sp in core:
+        parent = api[sp.parent_span_id]
+        assert parent.trace_id == sp.trace_id
+        for ev in sp.events:
+            a = {kv.key: kv.value for kv in ev.attributes}
+            ns = a["ts.monotonic_ns"].int_value
+            assert a["ts.monotonic"].double_value == ns / 1e9
+            offsets.add((ev.time_unix_nano - ns) // 1000)  # wall read right after mono
+        assert sp.start_time_unix_nano <= sp.events[0].time_unix_nano
+        assert sp.end_time_unix_nano >= sp.events[-1].time_unix_nano
+    assert max(offsets) - min(offsets) <= 1
+
+
+def test_decodes_with_the_project_receiver(steady_full):
+    dec = Decoder()
+    kinds = collections.Counter()
+    for req in steady_full.requests:
+        res = dec.decode(req)
+        assert res.rejected == 0, res.reasons
+        assert res.ignored == 0
+        for r in res.records:
+            kinds[type(r)] += 1
+    finished = steady_full.result.requests_finished
+    assert kinds[RequestSpan] == finished
+    assert kinds[CoreSpan] == finished
+    assert kinds[JourneyEvent] >= 4 * finished
+    assert kinds[ApiEvent] >= 2 * finished
+    assert kinds[BatchSummary] == steady_full.result.steps
+    assert kinds[RequestSnapshot] > 0
+    assert kinds[StepSpan] >= steady_full.result.steps // 10
+
+
+def test_step_spans_close_on_multiples_of_k(steady_full):
+    spans = sorted(
+        (sp for _s, _r, sp in steady_full.spans() if sp.name.startswith("scheduler_steps_")),
+        key=lambda sp: sp.start_time_unix_nano,
+    )
+    prev_end = 0
+    for i, sp in enumerate(spans, start=1):
+        a = {kv.key: kv.value.int_value for kv in sp.attributes}
+        assert sp.name == f"scheduler_steps_{i}" and a["scheduler.span_sequence"] == i
+        assert a["scheduler.step_range_start"] == prev_end + 1
+        assert a["scheduler.closure_interval"] == 10
+        if i < len(spans):
+            assert a["scheduler.step_range_end"] % 10 == 0
+        prev_end = a["scheduler.step_range_end"]
+        ids = [{kv.key: kv.value.int_value for kv in ev.attributes}["step.id"] for ev in sp.events]
+        assert all(a["scheduler.step_range_start"] <= n <= prev_end for n in ids)
+
+
+def test_json_lines_are_collector_otlp_json(steady_full):
+    ints: list[object] = []
+    for req in steady_full.requests[:4]:
+        line = request_to_json(req)
+        assert b"\n" not in line
+        d = json.loads(line)
+        sp = d["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+        assert len(sp["traceId"]) == 32 and len(sp["spanId"]) == 16  # hex, not base64
+        assert isinstance(sp["startTimeUnixNano"], str)
+        ints += [
+            a["value"]["intValue"]
+            for s in d["resourceSpans"][0]["scopeSpans"]
+            for x in s["spans"]
+            for e in x.get("events", [])
+            for a in e["attributes"]
+            if "intValue" in a["value"]
+        ]
+    assert ints and all(isinstance(v, str) for v in ints)
