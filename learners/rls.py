@@ -513,8 +513,10 @@ class RLSRegressor(base.Regressor):
             yhat = x @ self._theta_w
             resid = y - yhat
             if self.weighting == "relative":
-                # Guard: a bad θ_w (early, drifted) must not create huge weights.
-                denom = np.maximum(np.maximum(yhat, 0.1 * np.abs(y)), 1e-12)
+                # Guard: a θ_w far below the data (prior of zeros, just after drift) would
+                # give those rows huge weights; weight them by the measurement instead.
+                ay = np.abs(y)
+                denom = np.maximum(np.where(yhat >= 0.5 * ay, yhat, ay), 1e-12)
                 e = resid / denom
                 w *= 1.0 / (denom * denom)
             else:
