@@ -35,6 +35,7 @@ from receivers.records import AttrValue, KVRecord, Source
 log = structlog.get_logger(__name__)
 
 RECEIVER = "kv"
+_END_OF_REPLAY = b"\xff" * 8  # seq -1 (signed) ends a replay reply
 Offer = Callable[[list[KVRecord]], bool]
 
 
@@ -93,16 +94,29 @@ class KVMetrics:
 
 
 class SequenceTracker:
-    """Gap / duplicate / restart detection per stream key (``(endpoint, dp_rank)``)."""
+    """Gap / duplicate / restart / recovery detection per stream key (``(endpoint, dp_rank)``).
+
+    Sequence numbers skipped by a gap are remembered (the newest ``max_missing`` per key)
+    so that a batch re-sent by the publisher's replay socket is recognised as
+    ``recovered`` (accepted) rather than as a duplicate.
+    """
 
     OK = "ok"
     FIRST = "first"
     GAP = "gap"
     DUPLICATE = "duplicate"
     RESTART = "restart"
+    RECOVERED = "recovered"
 
-    def __init__(self) -> None:
+    def __init__(self, max_missing: int = 10_000) -> None:
         self._last: dict[Any, tuple[int, float]] = {}
+        self._missing: dict[Any, set[int]] = {}
+        self.max_missing = max_missing
+
+    def last_seq(self, key: Any) -> int | None:
+        """The highest sequence seen on ``key`` (None before the first batch)."""
+        last = self._last.get(key)
+        return None if last is None else last[0]
 
     def observe(self, key: Any, seq: int, ts: float) -> tuple[str, int]:
         """Classify a batch; returns ``(outcome, missing)`` (missing > 0 only for ``gap``)."""
@@ -116,10 +130,20 @@ class SequenceTracker:
             return self.OK, 0
         if seq > last_seq:
             self._last[key] = (seq, ts)
+            missing = self._missing.setdefault(key, set())
+            missing.update(range(max(last_seq + 1, seq - self.max_missing), seq))
+            if len(missing) > self.max_missing:  # keep the newest: replay buffers keep those
+                for old in sorted(missing)[: len(missing) - self.max_missing]:
+                    missing.discard(old)
             return self.GAP, seq - last_seq - 1
+        lost = self._missing.get(key)
+        if lost and seq in lost:
+            lost.discard(seq)
+            return self.RECOVERED, 0
         if ts > last_ts:
             # Lower sequence but newer data: the engine restarted (its counter restarts at 0).
             self._last[key] = (seq, ts)
+            self._missing.pop(key, None)
             return self.RESTART, 0
         return self.DUPLICATE, 0
 
@@ -131,6 +155,9 @@ class KVSubscriber:
     ``tcp://*:5557``. ``topic``: subscription prefix (``""`` = all). ``source``: identity
     of the stream's engine (default: derived from the endpoint). ``metrics`` or
     ``registry``: where to count (one of them, or neither for an uncounted subscriber).
+    ``replay_endpoint``: the publisher's ROUTER replay socket (e.g. ``tcp://vllm:5558``);
+    on a sequence gap the subscriber asks it (DEALER, §5.1) for the batches from the first
+    missing one and accepts those it lacks; one request is in flight at a time.
     """
 
     def __init__(
@@ -146,6 +173,7 @@ class KVSubscriber:
         context: zmq.Context[Any] | None = None,
         rcvhwm: int = 100_000,
         poll_ms: int = 100,
+        replay_endpoint: str | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.topic = topic
@@ -163,6 +191,9 @@ class KVSubscriber:
         self.tracker = SequenceTracker()
         self.counts: Counter[str] = Counter()  # plain totals, also without a registry
         self.bound_endpoint: str | None = None
+        self.replay_endpoint = replay_endpoint
+        self._dealer: zmq.Socket[Any] | None = None
+        self._replay_in_flight = False
 
     # -- lifecycle
 
@@ -204,6 +235,10 @@ class KVSubscriber:
                 self.bound_endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
             else:
                 sock.connect(self.endpoint)
+            if self.replay_endpoint:
+                self._dealer = self._ctx.socket(zmq.DEALER)
+                self._dealer.setsockopt(zmq.LINGER, 0)
+                self._dealer.connect(self.replay_endpoint)
         except zmq.ZMQError as exc:
             log.error("kv subscriber failed to open", endpoint=self.endpoint, error=str(exc))
             self._error = exc
@@ -215,6 +250,8 @@ class KVSubscriber:
         self._ready.set()
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
+        if self._dealer is not None:
+            poller.register(self._dealer, zmq.POLLIN)
         try:
             while not self._stop.is_set():
                 if not poller.poll(self._poll_ms):
@@ -225,17 +262,50 @@ class KVSubscriber:
                     except zmq.Again:
                         break
                     self.handle(frames)
+                if self._dealer is not None:
+                    self._drain_replay(self._dealer)
         finally:
             sock.close(linger=0)
+            if self._dealer is not None:
+                self._dealer.close(linger=0)
             log.info("kv subscriber stopped", endpoint=self.endpoint, **dict(self.counts))
+
+    def _request_replay(self, start_seq: int) -> None:
+        if self._dealer is None or self._replay_in_flight:
+            return
+        try:
+            self._dealer.send_multipart([b"", start_seq.to_bytes(8, "big")], zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        self._replay_in_flight = True
+        self.counts["replay_requests"] += 1
+
+    def _drain_replay(self, dealer: zmq.Socket[Any]) -> None:
+        """Replies are ``["", seq(8 B), payload]`` per batch, then ``["", 2**64-1, ""]``."""
+        while True:
+            try:
+                frames = dealer.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) != 3 or len(frames[1]) != 8:
+                self._reject("bad_replay")
+                continue
+            if frames[1] == _END_OF_REPLAY:
+                self._replay_in_flight = False
+                continue
+            self.handle([self.topic.encode(), frames[1], frames[2]], replayed=True)
 
     def _reject(self, reason: str, n: int = 1) -> None:
         self.counts[reason] += n
         if self.metrics is not None:
             self.metrics.rejected.labels(RECEIVER, reason).inc(n)
 
-    def handle(self, frames: Sequence[bytes]) -> None:
-        """Process one multipart message (public for tests and in-process feeding)."""
+    def handle(self, frames: Sequence[bytes], *, replayed: bool = False) -> None:
+        """Process one multipart message (public for tests and in-process feeding).
+
+        ``replayed``: it came from the replay socket, where batches we already have are
+        expected and skipped without counting them as rejected duplicates.
+        """
         event_counts: Counter[str] = Counter()
         try:
             msg = parse_message(frames, event_counts)
@@ -251,16 +321,23 @@ class KVSubscriber:
             return
         for reason, n in event_counts.items():
             self._reject(reason, n)
-        outcome, missing = self.tracker.observe(
-            (self.endpoint, msg.batch.dp_rank), msg.seq, msg.batch.ts
-        )
+        key = (self.endpoint, msg.batch.dp_rank)
+        previous = self.tracker.last_seq(key)
+        outcome, missing = self.tracker.observe(key, msg.seq, msg.batch.ts)
         if outcome == SequenceTracker.DUPLICATE:
-            self._reject("duplicate")
+            if replayed:
+                self.counts["replay_skipped"] += 1
+            else:
+                self._reject("duplicate")
             return
-        if outcome == SequenceTracker.GAP:
+        if outcome == SequenceTracker.RECOVERED:
+            self.counts["recovered"] += 1
+        elif outcome == SequenceTracker.GAP:
             self.counts["gap_batches"] += missing
             if self.metrics is not None:
                 self.metrics.gaps.labels(self.source.id).inc(missing)
+            if previous is not None:
+                self._request_replay(previous + 1)
         elif outcome == SequenceTracker.RESTART:
             self.counts["restarts"] += 1
             log.info(

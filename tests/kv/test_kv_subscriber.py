@@ -93,8 +93,9 @@ def test_pub_sub_counts_gaps_duplicates_and_bad_input(pub: tuple[zmq.Socket[Any]
         send(2, ts + 2, form="map")
         send(3, ts + 3, OFFLOAD_EVENTS)
         send(6, ts + 6)  # 4 and 5 dropped by the publisher: gap of 2
-        send(4, ts + 4)  # replayed: older ts -> duplicate, not offered
-        send(6, ts + 6)  # replayed again
+        send(2, ts + 2)  # re-sent: already seen -> duplicate, not offered
+        send(6, ts + 6)  # re-sent again
+        send(4, ts + 4)  # one of the missing ones arrives late: recovered, offered
         sock.send_multipart([TOPIC, b"\x00" * 8])  # wrong frame count
         sock.send_multipart([TOPIC, b"\x00" * 8, b"\xc1\xc1 garbage"])  # not msgpack
         sock.send_multipart([TOPIC, b"\x00\x01", positional_payload()])  # short sequence frame
@@ -112,6 +113,8 @@ def test_pub_sub_counts_gaps_duplicates_and_bad_input(pub: tuple[zmq.Socket[Any]
     assert [r.batch.seq for r in stream] == [1, 1, 2, 2] + [3] * len(OFFLOAD_EVENTS) + [
         6,
         6,
+        4,
+        4,
         7,
         7,
         0,
@@ -120,6 +123,7 @@ def test_pub_sub_counts_gaps_duplicates_and_bad_input(pub: tuple[zmq.Socket[Any]
     ]
     assert all(r.batch.source == sub.source and r.batch.topic == "kv-events" for r in stream)
     assert sub.counts["gap_batches"] == 2
+    assert sub.counts["recovered"] == 1
     assert sub.counts["duplicate"] == 2
     assert sub.counts["restarts"] == 1
     assert (
@@ -198,7 +202,53 @@ def test_sequence_tracker_keys_are_independent() -> None:
     assert t.observe(("e", 1), 50, 1.0) == ("first", 0)
     assert t.observe(("e", 0), 11, 2.0) == ("ok", 0)
     assert t.observe(("e", 0), 15, 3.0) == ("gap", 3)
+    assert t.observe(("e", 0), 12, 2.5) == ("recovered", 0)  # was missing
     assert t.observe(("e", 0), 12, 2.5) == ("duplicate", 0)
+    assert t.observe(("e", 0), 11, 2.0) == ("duplicate", 0)
     assert t.observe(("e", 1), 51, 1.5) == ("ok", 0)
     assert t.observe(("e", 0), 0, 9.0) == ("restart", 0)
     assert t.observe(("e", 0), 1, 9.1) == ("ok", 0)
+
+
+def test_gap_triggers_replay_request_and_recovers(pub: tuple[zmq.Socket[Any], str]) -> None:
+    """A real ROUTER replay socket (spec §5.1): the gap is filled from the publisher's buffer."""
+    sock, endpoint = pub
+    ctx = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    replay_port = router.bind_to_random_port("tcp://127.0.0.1")
+    buffer = {seq: positional_payload(POSITIONAL_EVENTS, ts=1000.0 + seq) for seq in range(1, 6)}
+    requests: list[int] = []
+
+    def serve_replay() -> None:
+        if not router.poll(int(WAIT_S * 1000)):
+            return
+        identity, _empty, start = router.recv_multipart()
+        requests.append(int.from_bytes(start, "big"))
+        for seq in sorted(s for s in buffer if s >= requests[-1]):
+            router.send_multipart([identity, b"", seq.to_bytes(8, "big"), buffer[seq]])
+        router.send_multipart([identity, b"", b"\xff" * 8, b""])
+
+    replayer = threading.Thread(target=serve_replay)
+    replayer.start()
+    sink = Sink()
+    try:
+        with KVSubscriber(
+            endpoint, "", sink.offer, replay_endpoint=f"tcp://127.0.0.1:{replay_port}"
+        ) as sub:
+            _publish_until_subscribed(sock, sink)
+            for seq in (1, 2, 5):  # 3 and 4 dropped by PUB
+                sock.send_multipart(frames(buffer[seq], seq=seq))
+            sink.wait_for(
+                lambda recs: {r.batch.seq for r in recs if r.batch.dp_rank == 0} >= {1, 2, 3, 4, 5}
+            )
+            replayer.join(WAIT_S)
+    finally:
+        router.close()
+    assert requests == [3]
+    stream = [r.batch.seq for r in sink.records if r.batch.dp_rank == 0]
+    assert (
+        sorted(set(stream)) == [1, 2, 3, 4, 5] and len(stream) == 10
+    )  # each batch once (2 records)
+    assert sub.counts["gap_batches"] == 2 and sub.counts["recovered"] == 2
+    assert sub.counts["replay_skipped"] == 1 and sub.counts["replay_requests"] == 1
