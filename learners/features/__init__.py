@@ -5,7 +5,8 @@ Entry points (see ``learners/features/README.md``):
 * :class:`~learners.features.model.ModelSpec` — a HuggingFace ``config.json`` read as BLIS reads it;
 * :func:`~learners.features.hardware.load_hardware` — GPU sheets (BLIS format + link bandwidths);
 * :class:`~learners.features.basis.BlisBasis` — the eleven trained-physics terms and step time;
-* :data:`~learners.features.catalog.MODELS` — bundled model descriptions by name.
+* :data:`~learners.features.catalog.MODELS` — bundled model descriptions by name;
+* :class:`~learners.features.config.ServingConfig` — configuration identity (``.id``).
 """
 
 from learners.features.basis import (
@@ -16,6 +17,12 @@ from learners.features.basis import (
     BlisBasis,
 )
 from learners.features.catalog import MODELS, load_model, resolve_model
+from learners.features.config import (
+    BasisResolver,
+    ConfigurationSettings,
+    ServingConfig,
+    ServingConfigError,
+)
 from learners.features.hardware import HardwareError, HardwareSpec, load_hardware
 from learners.features.model import ModelConfigError, ModelSpec
 
@@ -25,11 +32,15 @@ __all__ = [
     "MODELS",
     "TERM_NAMES",
     "BasisConfigError",
+    "BasisResolver",
     "BlisBasis",
+    "ConfigurationSettings",
     "HardwareError",
     "HardwareSpec",
     "ModelConfigError",
     "ModelSpec",
+    "ServingConfig",
+    "ServingConfigError",
     "load_hardware",
     "load_model",
     "resolve_model",
