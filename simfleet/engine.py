@@ -88,6 +88,18 @@ class Entry:
 
 
 @dataclass(slots=True)
+class Transfer:
+    tid: int
+    req_id: str
+    store: bool
+    blocks: int
+    hashes: list[int]
+    step: int
+    done_ns: int
+    req: Req | None = None
+
+
+@dataclass(slots=True)
 class Batch:
     """One scheduled step in flight."""
 
@@ -100,18 +112,7 @@ class Batch:
     period_us: float = 0.0
     truth_us: float = 0.0
     worker_events: list[KVEvent] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class Transfer:
-    tid: int
-    req_id: str
-    store: bool
-    blocks: int
-    hashes: list[int]
-    step: int
-    done_ns: int
-    req: Req | None = None
+    transfers: list[Transfer] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -686,7 +687,7 @@ class Engine:
             src, dst = ("GPU", "CPU") if tr.store else ("CPU", "GPU")
             ev = ("TransferInitiated", tr.tid, tr.req_id, src, dst, tr.blocks, tr.step)
             b.worker_events.extend([ev] * tp)  # every TP worker reports it (spec §5.8)
-            self._inflight.append(tr)
+            b.transfers.append(tr)
             self.num_transfers += 1
         self._pending_stores = []
         self._pending_loads = []
@@ -753,9 +754,12 @@ class Engine:
         if self._cpu_events:
             events.extend(self._cpu_events)
             self._cpu_events = []
-        events.extend(b.worker_events)
+        # completions are polled from jobs reported in earlier outputs, then this batch's
+        # submissions join them (a job never completes in the output that submits it)
         if self._inflight:
             events.extend(self._completed_transfers(tev))
+        events.extend(b.worker_events)
+        self._inflight.extend(b.transfers)
         if events and self.kv_sinks:
             tev += 8 * US
             wall = (em.wall(tev) if em is not None else tev + self._wall_offset_fallback) / 1e9
