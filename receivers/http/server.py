@@ -21,6 +21,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from daemon.http.server import HttpServer, Request, Response, Router
 from daemon.settings import parse_endpoint
 from receivers.otlp.decode import JsonDecodeError, parse_json_request
+from receivers.otlp.fastproto import FastExportRequest
 from receivers.otlp.ingest import Ingestor, Outcome
 
 if TYPE_CHECKING:
@@ -108,9 +109,8 @@ class OtlpHttpReceiver:
         try:
             body = decompress(req.body, req.header("Content-Encoding"), self.max_body)
             if ctype == PROTOBUF:
-                export = trace_service_pb2.ExportTraceServiceRequest()
                 try:
-                    export.ParseFromString(body)
+                    export = FastExportRequest.FromString(body)
                 except DecodeError as e:
                     raise BodyError(f"invalid protobuf: {e}") from None
             else:

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from daemon.log import RateLimiter
 from daemon.metrics import ReceiverMetrics
@@ -80,9 +79,7 @@ class Ingestor:
             closed=lambda: app.pipeline.closed,
         )
 
-    def ingest(
-        self, req: ExportTraceServiceRequest, peer: str = "", wait: bool = False
-    ) -> Ingested:
+    def ingest(self, req: Any, peer: str = "", wait: bool = False) -> Ingested:
         """Decode and enqueue ``req``. ``RETRY`` means nothing was enqueued or counted
         as received (the client will resend the same request).
 
