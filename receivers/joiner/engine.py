@@ -111,7 +111,6 @@ class EngineState:
         self.timeline: deque[tuple[int, int]] = deque()  # (wall ns, step) of first sightings
         self.horizon = 0  # steps below are gone
         self.coverage: list[list[int]] = []  # merged [start, end] of complete step spans
-        self.kv_by_step: dict[int, list[KVTransferObservation]] = {}
         self.cal = _Calibration()
         self.max_step = 0
         self.recent_periods: deque[float] = deque(maxlen=64)
@@ -200,10 +199,6 @@ class EngineState:
         cov = self.coverage
         i = bisect.bisect_right(cov, [lo, float("inf")]) - 1
         return i >= 0 and cov[i][0] <= lo and cov[i][1] >= hi
-
-    def add_kv(self, obs: KVTransferObservation) -> None:
-        if obs.step is not None and obs.step >= self.horizon and obs.step not in self.finalized:
-            self.kv_by_step.setdefault(obs.step, []).append(obs)
 
     # ------------------------------------------------------------ queue state
 
@@ -314,7 +309,7 @@ class EngineState:
                 types.add(typ)
         return iv.intersect(parts), frozenset(types)
 
-    def finalize(self, n: int) -> StepResult:
+    def finalize(self, n: int, kv: tuple[KVTransferObservation, ...] = ()) -> StepResult:
         """Turn the summary of step ``n`` into a StepObservation (or say why not)."""
         s = self.summaries[n]
         self.finalized.add(n)
@@ -378,9 +373,7 @@ class EngineState:
             requests=reqs,
             aggregates=aggregates_of(s),
             async_scheduling=mode,
-            kv_transfers=tuple(
-                sorted(self.kv_by_step.get(n, ()), key=lambda o: (o.dp_rank, o.transfer_id))
-            ),
+            kv_transfers=kv,
             loop_period_us=loop_us,
         )
         return StepResult(obs, "joined")
@@ -433,7 +426,7 @@ class EngineState:
         self.finalized = {n for n in self.finalized if n >= h}
         self.pending = [p for p in self.pending if p[1] >= h]
         heapq.heapify(self.pending)
-        for d in (self.snapshots, self.scheduled_ids, self.kv_by_step, *self.anchors):
+        for d in (self.snapshots, self.scheduled_ids, *self.anchors):
             for k in [k for k in d if k < h]:
                 del d[k]  # type: ignore[attr-defined]
         self.cal.seen = {k for k in self.cal.seen if k[1] >= h}
@@ -445,7 +438,6 @@ class EngineState:
             "step_summary": len(self.summaries),
             "step_snapshot": sum(len(d) for d in self.snapshots.values()),
             "anchor": sum(len(v) for d in self.anchors for v in d.values()),
-            "kv_by_step": sum(len(v) for v in self.kv_by_step.values()),
         }
 
     def enforce_caps(self) -> list[int]:

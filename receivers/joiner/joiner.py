@@ -81,6 +81,8 @@ class Joiner:
         self._kv_done: dict[tuple[bool, kvmod.TransferKey], int] = {}
         self._kv_early: dict[kvmod.TransferKey, KVTransfer] = {}  # completed, not initiated
         self._kv_link: dict[tuple[str, int], str] = {}
+        self._kv_sources: dict[tuple[str, int], Source] = {}
+        self._kv_steps: dict[tuple[str, int], dict[int, list[KVTransferObservation]]] = {}
         self._out: list[Observation] = []
         self._dispatch: dict[type, Callable[[Any], None]] = {
             JourneyEvent: self._on_journey,
@@ -148,6 +150,7 @@ class Joiner:
         self._kv_done.clear()
         self._done.clear()
         self._engines.clear()
+        self._kv_steps.clear()
         self._update_gauges()
         self._log_summary(force=True)
         out, self._out = self._out, []
@@ -162,6 +165,7 @@ class Joiner:
         e["tombstone"] = len(self._done)
         e["kv_open"] = len(self._kv_open) + len(self._kv_early)
         e["kv_done"] = len(self._kv_done)
+        e["kv_by_step"] = sum(len(v) for d in self._kv_steps.values() for v in d.values())
         e["engine"] = len(self._engines)
         return dict(e)
 
@@ -449,7 +453,7 @@ class Joiner:
     def _finalize_step(self, eng: EngineState, n: int) -> None:
         if n not in eng.summaries or n in eng.finalized:
             return
-        res = eng.finalize(n)
+        res = eng.finalize(n, self._kv_for_step(eng, n) if self._kv_steps else ())
         if res.observation is not None:
             self._out.append(res.observation)
             self.metrics.emitted("step")
@@ -459,20 +463,34 @@ class Joiner:
     def _emit_kv(self, obs: KVTransferObservation, src: Source, dp_rank: int) -> None:
         self._out.append(obs)
         self.metrics.emitted("kv_transfer")
-        eng = self._kv_engine(src, dp_rank)
-        if eng is not None:
-            eng.add_kv(obs)
+        if obs.step is None:
+            return
+        ks = (src.id, dp_rank)
+        self._kv_sources[ks] = src
+        self._kv_steps.setdefault(ks, {}).setdefault(obs.step, []).append(obs)
+
+    def _kv_for_step(self, eng: EngineState, n: int) -> tuple[KVTransferObservation, ...]:
+        """Transfers issued in step ``n`` by the KV streams linked to this engine.
+
+        Resolved at finalization, not on arrival: KV batches arrive in near real time,
+        often before the engine's first span, so the link is only knowable later.
+        """
+        found: list[KVTransferObservation] = []
+        for ks, by_step in self._kv_steps.items():
+            lst = by_step.get(n)
+            if lst and self._kv_engine(self._kv_sources[ks], ks[1]) is eng:
+                found.extend(lst)
+        return tuple(sorted(found, key=lambda o: (o.dp_rank, o.transfer_id)))
 
     def _kv_engine(self, src: Source, dp_rank: int) -> EngineState | None:
-        """The EngineCore a KV publisher belongs to (shared resource keys, DP rank)."""
+        """The EngineCore a KV publisher belongs to: same source id, else a shared
+        resource key (``kv_link_keys``) and DP rank, else the only engine there is."""
         lk = (src.id, dp_rank)
         sid = self._kv_link.get(lk)
-        if sid is not None:
-            return self._engines.get(sid)
-        if src.id in self._engines:
-            found: EngineState | None = self._engines[src.id]
-        else:
-            found = None
+        if sid is not None and sid in self._engines:
+            return self._engines[sid]
+        found: EngineState | None = self._engines.get(src.id)
+        if found is None:
             for key in self.cfg.kv_link_keys:
                 v = src.get(key)
                 if v is None:
@@ -486,11 +504,27 @@ class Joiner:
                 if len(cands) == 1:
                     found = cands[0]
                     break
-            if found is None and len(self._engines) == 1:
-                found = next(iter(self._engines.values()))
         if found is not None:
             self._kv_link[lk] = found.source.id
-        return found
+            return found
+        if len(self._engines) == 1:  # not cached: another engine may still show up
+            return next(iter(self._engines.values()))
+        return None
+
+    def _purge_kv_steps(self) -> None:
+        """Forget per-step transfers of steps the linked engine has already passed."""
+        for ks, by_step in list(self._kv_steps.items()):
+            eng = self._kv_engine(self._kv_sources[ks], ks[1])
+            if eng is not None:
+                h = eng.horizon
+                for n in [n for n in by_step if n < h]:
+                    del by_step[n]
+            cap = self.cfg.max_kv_transfers
+            if len(by_step) > cap:
+                for n in sorted(by_step)[: len(by_step) - cap]:
+                    del by_step[n]
+            if not by_step:
+                del self._kv_steps[ks]
 
     # ================================================================= window
 
@@ -528,6 +562,7 @@ class Joiner:
         self._expire_dict(self._done)
         self._expire_dict(self._kv_done)
         self._expire_kv(self._kv_open, "expired", "no_completion")
+        self._purge_kv_steps()
         self._expire_kv(self._kv_early, "unmatched", "no_initiation")
         self._update_gauges()
         self._log_summary()
