@@ -140,11 +140,11 @@ def step_time_from_s(s: float) -> int:
     return max(1, int(s))
 
 
-def batch_stats(requests: Sequence[BatchRequest], tp: float = 1.0) -> npt.NDArray[np.float64]:
+def batch_stats(requests: Sequence[BatchRequest]) -> npt.NDArray[np.float64]:
     """The six linear statistics ``(T_pf, A_pf, T_dc, C, B, 1)`` of a batch.
 
     ``A_pf = Σ_prefill t·(I + t/2)`` (the TP/model factors live in the coefficients).
-    ``tp`` is unused; kept for call-site symmetry.
+    One plain loop: measured faster than comprehensions or local-variable variants.
     """
     t_pf = 0
     a_pf = 0.0
