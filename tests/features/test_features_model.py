@@ -7,18 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from features_support import DENSE_TEST
 
 from learners.features.catalog import MODELS, load_model, model_config, resolve_model
 from learners.features.model import ModelConfigError, ModelSpec, config_hash, weight_bytes_from_name
 
-BASE: dict[str, Any] = {
-    "num_hidden_layers": 32,
-    "hidden_size": 4096,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "intermediate_size": 14336,
-    "torch_dtype": "bfloat16",
-}
+# The repository's dense test model (Llama-3.1-8B numbers) as a plain config dict.
+BASE: dict[str, Any] = dict(DENSE_TEST.raw)
 
 
 def parse(**over: Any) -> ModelSpec:
