@@ -206,57 +206,75 @@ def _str_slow(v: AnyValue, key: str, required: bool) -> str | None:
     raise _Reject("type:" + key)
 
 
-_Reader = Callable[[Any], tuple[Any, ...]]
+_Field = tuple[str, int, bool]  # (attribute key, type code, required)
 
 
-def _compile_reader(name: str, fields: tuple[tuple[str, int, bool], ...]) -> _Reader:
-    """Generate ``name(attrs) -> tuple`` reading ``fields`` = (key, type, required).
+def _compile_parser(
+    name: str,
+    fields: tuple[_Field, ...],
+    ctor: str,
+    post: tuple[str, ...] = (),
+    env: Mapping[str, Any] | None = None,
+) -> Callable[..., Record]:
+    """Generate ``name(obj, info, wall=0) -> Record`` for one span or event kind.
 
-    Straight-line generated code (one block per key, constants inlined) instead of a
-    loop over a table: no per-attribute tuple unpacking or type dispatch, which is a
-    third of the cost of a generic loop. The fast path reads the expected oneof arm
-    directly; a non-zero/non-empty result proves the arm (unset arms read as their
-    default), so ``WhichOneof`` only runs for zeros, empties and wrong types.
-    ``attrs[key]`` on a message map inserts an empty value for an absent key, which reads
-    as unset; the map belongs to this request only, so that is harmless.
+    The function reads ``fields`` from ``obj.attributes`` (a protobuf map, see
+    ``fastproto``) into ``x0, x1, …``, runs the ``post`` check lines, and returns
+    ``ctor`` (an expression using ``info``, ``wall``, ``obj`` and ``{args}`` =
+    ``x0, x1, …``). Straight-line generated code, one block per key with constants
+    inlined, instead of a loop over a table: no per-attribute tuple unpacking, type
+    dispatch or extra call frames, which together cost as much as the protobuf reads.
+
+    Fast paths read the expected oneof arm directly: a non-zero/non-empty result proves
+    the arm (unset arms read as their default), so ``WhichOneof`` only runs for zeros
+    and empties, and the helper functions only for the rare odd cases (a double where an
+    int is expected, wrong types, missing keys). Optional keys are tested with ``in``
+    first because ``attrs[key]`` on a message map inserts an empty value for an absent
+    key (harmless, but slower than the test).
     """
-    lines = [f"def {name}(at):"]
+    lines = [f"def {name}(obj, info, wall=0):", "    at = obj.attributes"]
     for i, (key, t, req) in enumerate(fields):
         k, x = repr(key), f"x{i}"
-        lines.append(f"    v = at[{k}]")
+        ind = "    "
+        if not req:
+            lines += [f"    if {k} not in at:", f"        {x} = None", "    else:"]
+            ind = "        "
+        lines.append(f"{ind}v = at[{k}]")
         if t in (_INT, _NS):
             hi = "MAX_COUNT" if t == _INT else "MAX_NS"
             lines += [
-                f"    {x} = v.int_value",
-                f"    if {x}:",
-                f"        if {x} < 0 or {x} > {hi}:",
-                f"            raise _Reject({'range:' + key!r})",
-                "    else:",
-                f"        {x} = _int_slow(v, {k}, {req}, {hi})",
+                f"{ind}{x} = v.int_value",
+                f"{ind}if {x}:",
+                f"{ind}    if {x} < 0 or {x} > {hi}:",
+                f"{ind}    " + f"    raise _Reject({'range:' + key!r})",
+                f"{ind}elif v.WhichOneof('value') != 'int_value':",
+                f"{ind}    {x} = _int_slow(v, {k}, {req}, {hi})",
             ]
         elif t in (_FLOAT, _SECONDS):
             lines += [
-                f"    {x} = v.double_value",
-                f"    if {x}:",
-                f"        if {x} - {x} != 0.0:",  # NaN or ±inf; cheaper than isfinite
-                f"            raise _Reject({'nonfinite:' + key!r})",
-                "    else:",
-                f"        {x} = _float_slow(v, {k}, {req})",
+                f"{ind}{x} = v.double_value",
+                f"{ind}if {x}:",
+                f"{ind}    if {x} - {x} != 0.0:",  # NaN or ±inf; cheaper than isfinite
+                f"{ind}        raise _Reject({'nonfinite:' + key!r})",
+                f"{ind}else:",
+                f"{ind}    {x} = _float_slow(v, {k}, {req})",
             ]
             if t == _SECONDS:
                 lines += [
-                    f"    if {x} is not None:",
-                    f"        if {x} < 0.0 or {x} > 9.2e9:",
-                    f"            raise _Reject({'range:' + key!r})",
-                    f"        {x} = round({x} * 1e9)",
+                    f"{ind}if {x} is not None:",
+                    f"{ind}    if {x} < 0.0 or {x} > 9.2e9:",
+                    f"{ind}        raise _Reject({'range:' + key!r})",
+                    f"{ind}    {x} = round({x} * 1e9)",
                 ]
         else:
             lines += [
-                f"    {x} = v.string_value",
-                f"    if not {x}:",
-                f"        {x} = _str_slow(v, {k}, {req})",
+                f"{ind}{x} = v.string_value",
+                f"{ind}if not {x} and v.WhichOneof('value') != 'string_value':",
+                f"{ind}    {x} = _str_slow(v, {k}, {req})",
             ]
-    lines.append("    return (" + "".join(f"x{i}, " for i in range(len(fields))) + ")")
+    lines += ["    " + line for line in post]
+    args = ", ".join(f"x{i}" for i in range(len(fields)))
+    lines.append("    return " + ctor.format(args=args))
     namespace: dict[str, Any] = {
         "_Reject": _Reject,
         "_int_slow": _int_slow,
@@ -264,18 +282,19 @@ def _compile_reader(name: str, fields: tuple[tuple[str, int, bool], ...]) -> _Re
         "_str_slow": _str_slow,
         "MAX_COUNT": MAX_COUNT,
         "MAX_NS": MAX_NS,
+        **(env or {}),
     }
     exec(compile("\n".join(lines), f"<decode:{name}>", "exec"), namespace)
-    reader: _Reader = namespace[name]
-    return reader
+    fn: Callable[..., Record] = namespace[name]
+    return fn
 
 
-# ------------------------------------------------------------------ attribute tables
-# Fields are in record field order so that records are built with ``*values``.
+# ------------------------------------------------------------------ span/event kinds
+# Fields are in record field order: records are built positionally from x0, x1, ….
 _R, _O = True, False  # required, optional
 
-_read_request = _compile_reader(
-    "read_request",
+_request_span = _compile_parser(
+    "request_span",
     (
         ("gen_ai.request.id", _STR, _R),
         ("http.route", _STR, _O),
@@ -287,39 +306,74 @@ _read_request = _compile_reader(
         ("gen_ai.request.temperature", _FLOAT, _O),
         ("gen_ai.request.top_p", _FLOAT, _O),
     ),
+    "RequestSpan(info, {args}, obj.status.code == STATUS_CODE_ERROR)",
+    env={"RequestSpan": RequestSpan, "STATUS_CODE_ERROR": _STATUS_CODE_ERROR},
 )
-_read_core = _compile_reader("read_core", (("gen_ai.request.id", _STR, _R),))
-_read_step_span = _compile_reader(
-    "read_step_span",
+_core_span = _compile_parser(
+    "core_span",
+    (("gen_ai.request.id", _STR, _R),),
+    "CoreSpan(info, {args})",
+    env={"CoreSpan": CoreSpan},
+)
+_step_span = _compile_parser(
+    "step_span",
     (
         ("scheduler.span_sequence", _INT, _R),
         ("scheduler.step_range_start", _INT, _R),
         ("scheduler.closure_interval", _INT, _R),
         ("scheduler.step_range_end", _INT, _O),
     ),
+    "StepSpan(info, {args})",
+    env={"StepSpan": StepSpan},
 )
-_read_api = _compile_reader(
-    "read_api",
-    (("event.ts.monotonic", _SECONDS, _R), ("reason", _STR, _O), ("error", _STR, _O)),
+
+_API_FIELDS: tuple[_Field, ...] = (
+    ("event.ts.monotonic", _SECONDS, _R),
+    ("reason", _STR, _O),
+    ("error", _STR, _O),
 )
-_read_journey = _compile_reader(
-    "read_journey",
-    (
-        ("ts.monotonic_ns", _NS, _O),  # required, with ts.monotonic as the fallback
-        ("scheduler.step", _INT, _R),
-        ("phase", _STR, _R),
-        ("prefill.done_tokens", _INT, _R),
-        ("prefill.total_tokens", _INT, _R),
-        ("decode.done_tokens", _INT, _R),
-        ("decode.max_tokens", _INT, _R),
-        ("num_preemptions", _INT, _R),
-        ("schedule.kind", _STR, _O),
-        ("finish.status", _STR, _O),
-    ),
+_api_events = {
+    "api." + k.value: _compile_parser(
+        "api_" + k.value.lower(),
+        _API_FIELDS,
+        "ApiEvent(info, KIND, wall, {args})",
+        env={"ApiEvent": ApiEvent, "KIND": k},
+    )
+    for k in ApiKind
+}
+
+_journey_seconds = _compile_parser("journey_seconds", (("ts.monotonic", _SECONDS, _O),), "{args}")
+_JOURNEY_FIELDS: tuple[_Field, ...] = (
+    ("ts.monotonic_ns", _NS, _O),  # required, with ts.monotonic as the fallback
+    ("scheduler.step", _INT, _R),
+    ("phase", _STR, _R),
+    ("prefill.done_tokens", _INT, _R),
+    ("prefill.total_tokens", _INT, _R),
+    ("decode.done_tokens", _INT, _R),
+    ("decode.max_tokens", _INT, _R),
+    ("num_preemptions", _INT, _R),
+    ("schedule.kind", _STR, _O),
+    ("finish.status", _STR, _O),
 )
-_read_journey_seconds = _compile_reader("read_journey_seconds", (("ts.monotonic", _SECONDS, _O),))
-_read_summary = _compile_reader(
-    "read_summary",
+_journey_events = {
+    "journey." + k.value: _compile_parser(
+        "journey_" + k.value.lower(),
+        _JOURNEY_FIELDS,
+        "JourneyEvent(info, KIND, wall, {args})",
+        post=(
+            # Spec: ts.monotonic == ts.monotonic_ns / 1e9; use it when ns is absent.
+            "if x0 is None:",
+            "    x0 = journey_seconds(obj, info)",
+            "    if x0 is None:",
+            "        raise _Reject('missing:ts.monotonic_ns')",
+        ),
+        env={"JourneyEvent": JourneyEvent, "KIND": k, "journey_seconds": _journey_seconds},
+    )
+    for k in JourneyKind
+}
+
+_batch_summary = _compile_parser(
+    "batch_summary",
     (
         ("step.id", _INT, _R),
         ("step.ts_start_ns", _NS, _R),
@@ -338,9 +392,12 @@ _read_summary = _compile_reader(
         ("kv.blocks_total_gpu", _INT, _R),
         ("kv.blocks_free_gpu", _INT, _R),
     ),
+    "BatchSummary(info, wall, {args})",
+    post=("if x13 < 0.0 or x13 > 1.0:", "    raise _Reject('range:kv.usage_gpu_ratio')"),
+    env={"BatchSummary": BatchSummary},
 )
-_read_snapshot = _compile_reader(
-    "read_snapshot",
+_request_snapshot = _compile_parser(
+    "request_snapshot",
     (
         ("step.id", _INT, _R),
         ("request.id", _STR, _R),
@@ -354,6 +411,8 @@ _read_snapshot = _compile_reader(
         ("kv.blocks_cached_gpu", _INT, _R),
         ("request.effective_prompt_len", _INT, _O),
     ),
+    "RequestSnapshot(info, wall, {args})",
+    env={"RequestSnapshot": RequestSnapshot},
 )
 
 
@@ -493,60 +552,6 @@ def _reject_span(res: DecodeResult, span: Any, reason: str) -> None:
     res.rejected_spans += 1
 
 
-# ------------------------------------------------------------------ span parsers
-
-
-def _request_span(span: Any, info: SpanInfo) -> Record:
-    v = _read_request(span.attributes)
-    # (v has the 9 attribute fields; mypy cannot see a tuple's length)
-    return RequestSpan(info, *v, span.status.code == _STATUS_CODE_ERROR)  # type: ignore[call-arg]
-
-
-def _core_span(span: Any, info: SpanInfo) -> Record:
-    return CoreSpan(info, *_read_core(span.attributes))
-
-
-def _step_span(span: Any, info: SpanInfo) -> Record:
-    return StepSpan(info, *_read_step_span(span.attributes))
-
-
-# ----------------------------------------------------------------- event parsers
-
-
-def _api_parser(kind: ApiKind) -> _EventParser:
-    def parse(ev: Any, info: SpanInfo, wall: int) -> Record:
-        return ApiEvent(info, kind, wall, *_read_api(ev.attributes))
-
-    return parse
-
-
-def _journey_parser(kind: JourneyKind) -> _EventParser:
-    def parse(ev: Any, info: SpanInfo, wall: int) -> Record:
-        at = ev.attributes
-        v = _read_journey(at)
-        if v[0] is None:
-            # Spec: ts.monotonic == ts.monotonic_ns / 1e9; use it when ns is absent.
-            (mono,) = _read_journey_seconds(at)
-            if mono is None:
-                raise _Reject("missing:ts.monotonic_ns")
-            v = (mono, *v[1:])
-        return JourneyEvent(info, kind, wall, *v)
-
-    return parse
-
-
-def _batch_summary(ev: Any, info: SpanInfo, wall: int) -> Record:
-    v = _read_summary(ev.attributes)
-    ratio = v[13]
-    if ratio < 0.0 or ratio > 1.0:
-        raise _Reject("range:kv.usage_gpu_ratio")
-    return BatchSummary(info, wall, *v)
-
-
-def _request_snapshot(ev: Any, info: SpanInfo, wall: int) -> Record:
-    return RequestSnapshot(info, wall, *_read_snapshot(ev.attributes))
-
-
 _EventParser = Callable[[Any, SpanInfo, int], Record]
 _SpanParser = Callable[[Any, SpanInfo], Record]
 
@@ -555,12 +560,12 @@ _SCOPES: dict[str, tuple[Callable[[str], bool], _SpanParser, dict[str, _EventPar
     SCOPE_API: (
         "llm_request".__eq__,
         _request_span,
-        {"api." + k.value: _api_parser(k) for k in ApiKind},
+        _api_events,
     ),
     SCOPE_SCHEDULER: (
         "llm_core".__eq__,
         _core_span,
-        {"journey." + k.value: _journey_parser(k) for k in JourneyKind},
+        _journey_events,
     ),
     SCOPE_STEP: (
         lambda name: name.startswith("scheduler_steps_"),

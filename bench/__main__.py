@@ -1,0 +1,32 @@
+"""``python -m bench NAME [ARGS]``: run ``bench/<NAME>.py``'s ``main(argv)``."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+from pathlib import Path
+
+
+def _names() -> list[str]:
+    here = str(Path(__file__).parent)
+    return sorted(m.name for m in pkgutil.iter_modules([here]) if not m.name.startswith("_"))
+
+
+def main(argv: list[str]) -> int:
+    """Dispatch to one benchmark; without a name, list them."""
+    names = _names()
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: python -m bench NAME [ARGS]\nbenchmarks: " + ", ".join(names))
+        return 0 if argv else 2
+    name = argv[0]
+    if name not in names:
+        print(f"unknown benchmark {name!r}; available: {', '.join(names)}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(f"bench.{name}")
+    code: int = module.main(argv[1:])
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
