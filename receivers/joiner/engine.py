@@ -114,6 +114,7 @@ class EngineState:
         self.cal = _Calibration()
         self.max_step = 0
         self.recent_periods: deque[float] = deque(maxlen=64)
+        self.max_duration_ns = 0
 
     # ------------------------------------------------------------------ ingest
 
@@ -135,6 +136,9 @@ class EngineState:
         if n < self.horizon:
             return "late"
         self.summaries[n] = s
+        d = s.end_mono_ns - s.start_mono_ns
+        if d > self.max_duration_ns:
+            self.max_duration_ns = d
         steps = self.summary_steps
         if not steps or steps[-1] < n:
             steps.append(n)
@@ -162,6 +166,10 @@ class EngineState:
         if kind is JourneyKind.SCHEDULED:
             typ = SCHED
             self.scheduled_ids.setdefault(ev.step, []).append(ev.span.span_id.hex())
+        elif kind is JourneyKind.PREEMPTED:
+            # inside schedule(n) like SCHEDULED (a prefix-cache reset outside schedule()
+            # is rare; a wrong anchor there makes the intersection empty, so it is rejected)
+            typ = SCHED
         elif kind is JourneyKind.QUEUED:
             typ = QUEUED
         elif kind is JourneyKind.FINISHED:
@@ -169,7 +177,7 @@ class EngineState:
             typ = QUEUED if ev.finish_status == "aborted" else COMPL
         elif kind is JourneyKind.FIRST_TOKEN:
             typ = COMPL
-        else:  # PREEMPTED can also come from a cache reset outside schedule(): not an anchor
+        else:
             return
         if ev.step < self.horizon:
             return
@@ -286,6 +294,10 @@ class EngineState:
             (p.queued_lo_us * 1e3, p.queued_hi_us * 1e3),
             (p.completion_lo_us * 1e3, p.completion_hi_us * 1e3),
         )[typ]
+        if typ == SCHED and self.max_duration_ns:
+            # SCHEDULED/PREEMPTED lie in [S(n), E(n)]: E - S is the scheduler CPU time, whose
+            # range every summary shows; bound by the largest seen (+25 % + 20 µs)
+            prior = (max(prior[0], -(1.25 * self.max_duration_ns + 20e3)), prior[1])
         return iv.offset_bounds(
             list(self.cal.deltas[typ]),
             prior,

@@ -49,7 +49,7 @@ class _KVSink:
         pass
 
 
-def run_fleet(scenario: str, duration_s: float, seed: int = 1, **kw: Any) -> FleetRun:
+def run_fleet(scenario: Any, duration_s: float, seed: int = 1, **kw: Any) -> FleetRun:
     """Run a scenario with ``record_steps`` and collect every delivery batch in order."""
     from simfleet.run import run
 
