@@ -174,8 +174,15 @@ class KVSubscriber:
         rcvhwm: int = 100_000,
         poll_ms: int = 100,
         replay_endpoint: str | None = None,
+        topic_sources: bool = False,
     ) -> None:
         self.endpoint = endpoint
+        # Fan-in (one bound SUB, many engines connecting): each engine publishes under its
+        # own topic, which names it; the topic then becomes the stream's identity
+        # (``coeffd.engine=<topic>``, which the joiner links to that engine's spans) and
+        # part of the sequence key, since every engine numbers its batches from 0.
+        self.topic_sources = topic_sources
+        self._topic_source: dict[str, Source] = {}
         self.topic = topic
         self.bind = bind
         self.source = source or source_from_attributes({"kv.endpoint": endpoint})
@@ -194,6 +201,7 @@ class KVSubscriber:
         self.replay_endpoint = replay_endpoint
         self._dealer: zmq.Socket[Any] | None = None
         self._replay_in_flight = False
+        self._replay_topic = topic
 
     # -- lifecycle
 
@@ -270,9 +278,11 @@ class KVSubscriber:
                 self._dealer.close(linger=0)
             log.info("kv subscriber stopped", endpoint=self.endpoint, **dict(self.counts))
 
-    def _request_replay(self, start_seq: int) -> None:
+    def _request_replay(self, start_seq: int, topic: str) -> None:
         if self._dealer is None or self._replay_in_flight:
             return
+        # Replay replies carry no topic: they belong to the stream whose gap asked for them.
+        self._replay_topic = topic
         try:
             self._dealer.send_multipart([b"", start_seq.to_bytes(8, "big")], zmq.NOBLOCK)
         except zmq.Again:
@@ -293,12 +303,22 @@ class KVSubscriber:
             if frames[1] == _END_OF_REPLAY:
                 self._replay_in_flight = False
                 continue
-            self.handle([self.topic.encode(), frames[1], frames[2]], replayed=True)
+            self.handle([self._replay_topic.encode(), frames[1], frames[2]], replayed=True)
 
     def _reject(self, reason: str, n: int = 1) -> None:
         self.counts[reason] += n
         if self.metrics is not None:
             self.metrics.rejected.labels(RECEIVER, reason).inc(n)
+
+    def _source_for(self, topic: str) -> Source:
+        if not self.topic_sources or not topic:
+            return self.source
+        src = self._topic_source.get(topic)
+        if src is None:
+            if len(self._topic_source) >= 4096:  # bound: topics come from the network
+                return self.source
+            src = self._topic_source[topic] = source_from_attributes({"coeffd.engine": topic})
+        return src
 
     def handle(self, frames: Sequence[bytes], *, replayed: bool = False) -> None:
         """Process one multipart message (public for tests and in-process feeding).
@@ -321,7 +341,8 @@ class KVSubscriber:
             return
         for reason, n in event_counts.items():
             self._reject(reason, n)
-        key = (self.endpoint, msg.batch.dp_rank)
+        source = self._source_for(msg.topic)
+        key = (self.endpoint, msg.topic, msg.batch.dp_rank)
         previous = self.tracker.last_seq(key)
         outcome, missing = self.tracker.observe(key, msg.seq, msg.batch.ts)
         if outcome == SequenceTracker.DUPLICATE:
@@ -335,9 +356,9 @@ class KVSubscriber:
         elif outcome == SequenceTracker.GAP:
             self.counts["gap_batches"] += missing
             if self.metrics is not None:
-                self.metrics.gaps.labels(self.source.id).inc(missing)
+                self.metrics.gaps.labels(source.id).inc(missing)
             if previous is not None:
-                self._request_replay(previous + 1)
+                self._request_replay(previous + 1, msg.topic)
         elif outcome == SequenceTracker.RESTART:
             self.counts["restarts"] += 1
             log.info(
@@ -348,8 +369,8 @@ class KVSubscriber:
             )
         self.counts["batches"] += 1
         if self.metrics is not None:
-            self.metrics.batches.labels(self.source.id).inc()
-        records = batch_records(msg.batch, self.source, msg.topic, msg.seq)
+            self.metrics.batches.labels(source.id).inc()
+        records = batch_records(msg.batch, source, msg.topic, msg.seq)
         if not records:
             return
         if not self._offer(records):

@@ -1,0 +1,417 @@
+"""The serve consumer: records → joiner → learners → snapshots, checkpoints, metrics.
+
+It is the one :class:`~daemon.app.Consumer` the pipeline worker drives, so nothing here
+needs a lock: the joiner, the learner registry, the snapshot store writer and the
+checkpoint writer all live on the worker thread. Readers (HTTP API, ``coeffd pull``,
+BLIS) only ever see files that were written atomically.
+
+Which configuration an observation belongs to is decided per telemetry source: a sidecar
+has one static configuration (settings), a fleet reads it from each stream's OTLP
+resource attributes (``coeffd.*``). A stream that names no configuration is counted and
+skipped, never guessed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from daemon.checkpoint import CheckpointStore
+from daemon.publish.snapshot import (
+    ConfigurationRef,
+    DriftEvent,
+    ErrorStats,
+    InvalidCoefficientsError,
+    PublishPolicy,
+    Snapshot,
+    SnapshotStore,
+)
+from learners.features.config import ServingConfig, ServingConfigError
+from learners.registry import ALPHA_TARGETS, ConfigSnapshot, LearnerRegistry, Scored
+from receivers.joiner import Joiner
+from receivers.observations import Observation
+from receivers.records import Record, Source
+
+__all__ = ["ConfigResolver", "LearningConsumer", "ServeMetrics", "to_snapshot"]
+
+log = structlog.get_logger(__name__)
+
+#: Relative errors of step periods sit around the noise (a few %); defaults are often
+#: off by 30-300 %: buckets cover both ends.
+_ERROR_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
+_FRESHNESS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0)
+#: Prediction sources exported as the ``coefficients`` label (bounded).
+_SOURCES = ("learned", "blis_default", "batch_refit", "learned_extended")
+
+
+class ServeMetrics:
+    """Learning-side metric families (names: CONTRIBUTING.md), on the app's registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.relative_error = Histogram(
+            "coeffd_prediction_relative_error",
+            "|measured - predicted| / measured of every observation, predicted before learning.",
+            ["config", "target", "coefficients"],
+            buckets=_ERROR_BUCKETS,
+            registry=registry,
+        )
+        self.mape = Gauge(
+            "coeffd_prediction_mape",
+            "Rolling mean absolute percentage error (fraction) per configuration and target.",
+            ["config", "target", "coefficients"],
+            registry=registry,
+        )
+        self.coefficient = Gauge(
+            "coeffd_coefficient_value",
+            "Published coefficient values (BLIS order and units).",
+            ["config", "vector", "index"],
+            registry=registry,
+        )
+        self.learner_observations = Counter(
+            "coeffd_learner_observations_total",
+            "Observations learned, per configuration and target.",
+            ["config", "target"],
+            registry=registry,
+        )
+        self.drift = Counter(
+            "coeffd_drift_detections_total",
+            "Drift detections on learner residuals.",
+            ["config", "target"],
+            registry=registry,
+        )
+        self.unresolved = Counter(
+            "coeffd_observations_unconfigured_total",
+            "Observations skipped because their source names no usable configuration.",
+            ["reason"],
+            registry=registry,
+        )
+        self.configurations = Gauge(
+            "coeffd_configurations", "Configurations with live learners.", registry=registry
+        )
+        self.freshness = Histogram(
+            "coeffd_snapshot_freshness_seconds",
+            "Time from an observation's arrival to the first snapshot that includes it.",
+            buckets=_FRESHNESS_BUCKETS,
+            registry=registry,
+        )
+        self.publish_refused = Counter(
+            "coeffd_snapshot_refused_total",
+            "Snapshots not published because the vector was invalid for BLIS.",
+            ["config"],
+            registry=registry,
+        )
+        self.checkpoints = Counter(
+            "coeffd_checkpoints_total", "Checkpoints written.", registry=registry
+        )
+
+
+class ConfigResolver:
+    """Source → :class:`ServingConfig`: the static one, or from resource attributes."""
+
+    def __init__(self, static: ServingConfig | None = None) -> None:
+        self.static = static
+        self._cache: dict[str, ServingConfig | None] = {}
+        self._why: dict[str, str] = {}
+
+    def resolve(self, source: Source) -> ServingConfig | None:
+        """The configuration of ``source`` (None if it names none; cached per source)."""
+        if self.static is not None:
+            return self.static
+        sid = source.id
+        if sid in self._cache:
+            return self._cache[sid]
+        cfg: ServingConfig | None = None
+        try:
+            cfg = ServingConfig.from_resource(source)
+        except (ServingConfigError, ValueError, KeyError) as e:
+            self._why[sid] = str(e)
+            log.warning(
+                "telemetry source names no usable configuration; its observations are skipped",
+                source=sid,
+                error=str(e),
+                attributes=dict(source.attributes),
+            )
+        if len(self._cache) < 100_000:  # sources come from the network: bound the cache
+            self._cache[sid] = cfg
+        return cfg
+
+
+@dataclass
+class _Pending:
+    """Per configuration: what the next snapshot will include."""
+
+    first_arrival: float | None = None
+    last_published_version: int = -1
+    drift_seen: dict[str, int] = field(default_factory=dict)
+
+
+def _stats(summary: dict[str, Any], source: str) -> ErrorStats | None:
+    s = summary.get(source, {}).get("all")
+    if not s:
+        return None
+    mape, rmse = s.get("mape"), s.get("rmse")
+    return ErrorStats(
+        mape=float(mape) if mape is not None and math.isfinite(mape) else None,
+        rmse=float(rmse) if rmse is not None and math.isfinite(rmse) else None,
+        count=int(s.get("n", 0)),
+    )
+
+
+def to_snapshot(cs: ConfigSnapshot, version: int, description: dict[str, Any]) -> Snapshot:
+    """A publishable :class:`Snapshot` from the registry's view of one configuration."""
+    v = cs.vectors
+
+    def named(name: str) -> dict[str, float]:
+        vec = v.get(name)
+        return {} if vec is None else dict(zip(vec.names, vec.values, strict=True))
+
+    kv: dict[str, float] = {}
+    for direction in ("store", "load"):
+        for k, val in named(f"kv_{direction}").items():
+            kv[f"{direction}_{'base_us' if k == 'one' else 'us_per_byte'}"] = val
+    prequential: dict[str, dict[str, ErrorStats]] = {}
+    for target, summary in cs.errors.items():
+        row = {s: st for s in ("learned", "blis_default") if (st := _stats(summary, s))}
+        if row:
+            prequential[target] = row
+    drift = tuple(
+        DriftEvent(
+            wall_ns=int(e.get("wall_ns", 0)),
+            target=name,
+            detector=str(e.get("detector", "")),
+            detail=", ".join(f"{k}={e[k]}" for k in sorted(e) if k not in ("wall_ns", "detector")),
+        )
+        for name, vec in sorted(v.items())
+        for e in vec.drift_history
+    )
+    unidentified = tuple(f"beta.{n}" for n in (v["beta"].unidentified if "beta" in v else ()))
+    return Snapshot(
+        configuration=ConfigurationRef(id=cs.config_id, labels=cs.labels, description=description),
+        version=version,
+        wall_ns=time.time_ns(),
+        alpha=tuple(cs.alpha),
+        beta=tuple(cs.beta),
+        extended=named("beta_extended"),
+        queue_wait=named("queue_wait"),
+        kv_offload=kv,
+        observations={name: vec.observations for name, vec in v.items()},
+        prequential=prequential,
+        drift=drift,
+        unidentified=unidentified,
+    )
+
+
+class LearningConsumer:
+    """joiner → learner registry → snapshots / checkpoints / metrics (one worker thread)."""
+
+    def __init__(
+        self,
+        *,
+        joiner: Joiner,
+        registry: LearnerRegistry,
+        metrics: ServeMetrics,
+        resolver: ConfigResolver,
+        store: SnapshotStore | None = None,
+        checkpoints: CheckpointStore | None = None,
+        policy: PublishPolicy | None = None,
+        checkpoint_interval_s: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.joiner = joiner
+        self.registry = registry
+        self.metrics = metrics
+        self.resolver = resolver
+        self.store = store
+        self.checkpoints = checkpoints
+        self.policy = policy or PublishPolicy(interval_s=1.0, relative_threshold=0.02)
+        self.checkpoint_interval_s = checkpoint_interval_s
+        self._clock = clock
+        self._pending: dict[str, _Pending] = {}
+        self._configs: dict[str, ServingConfig] = {}
+        self._children: dict[tuple[str, str, str], Any] = {}
+        self._last_checkpoint = clock()
+        self.observations = 0
+        self.published = 0
+
+    # ------------------------------------------------------------------ state
+    def restore(self) -> bool:
+        """Load the newest good checkpoint (if any); True when state was restored."""
+        if self.checkpoints is None:
+            return False
+        restored = self.checkpoints.restore()
+        if restored is None:
+            return False
+        state = restored.state
+        self.registry.load_state(state.get("registry", {}))
+        for cid, cfg in state.get("configs", {}).items():
+            try:
+                self._configs[cid] = ServingConfig.from_dict(cfg)
+            except (ServingConfigError, ValueError, KeyError, TypeError):
+                continue
+        log.info(
+            "learner state restored",
+            path=restored.path,
+            fell_back=restored.fell_back,
+            configurations=len(state.get("registry", {}).get("sets", {})),
+        )
+        return True
+
+    def checkpoint(self) -> None:
+        """Save the learners' state now (atomic; the previous good copy is kept)."""
+        if self.checkpoints is None:
+            return
+        state = {
+            "version": 1,
+            "registry": self.registry.state_dict(),
+            "configs": {cid: c.to_dict() for cid, c in self._configs.items()},
+        }
+        self.checkpoints.save(state)
+        self.metrics.checkpoints.inc()
+        self._last_checkpoint = self._clock()
+
+    # --------------------------------------------------------------- consumer
+    def consume(self, records: Sequence[Record]) -> None:
+        """Join a batch of records and learn every observation it completes."""
+        self._learn(self.joiner.push_many(records), self._clock())
+
+    def tick(self, now: float) -> None:
+        """Expire join state, publish what is due, checkpoint on cadence."""
+        self._learn(self.joiner.tick(), now)
+        self.publish_due(now)
+        if (
+            self.checkpoints is not None
+            and now - self._last_checkpoint >= self.checkpoint_interval_s
+        ):
+            self.checkpoint()
+
+    def close(self) -> None:
+        """Flush the joiner, learn the rest, publish and checkpoint a last time."""
+        now = self._clock()
+        self._learn(self.joiner.flush(), now)
+        self.publish_due(now, force=True)
+        self.checkpoint()
+
+    # ---------------------------------------------------------------- learning
+    def _learn(self, observations: Iterable[Observation], now: float) -> None:
+        for obs in observations:
+            cfg = self.resolver.resolve(obs.source)
+            if cfg is None:
+                self.metrics.unresolved.labels("no_configuration").inc()
+                continue
+            cid = cfg.id
+            self._configs.setdefault(cid, cfg)
+            scored = self.registry.learn(cfg, obs)
+            if not scored:
+                continue
+            self.observations += 1
+            p = self._pending.get(cid)
+            if p is None:
+                p = self._pending[cid] = _Pending()
+            if p.first_arrival is None:
+                p.first_arrival = now
+            for s in scored:
+                self._record(cid, s)
+        self.metrics.configurations.set(len(self.registry))
+
+    def _record(self, cid: str, s: Scored) -> None:
+        self.metrics.learner_observations.labels(cid, s.target).inc()
+        y = s.y
+        if not (y > 0 and math.isfinite(y)):
+            return
+        for source, yhat in s.predictions.items():
+            if source not in _SOURCES or yhat is None or not math.isfinite(yhat):
+                continue
+            key = (cid, s.target, source)
+            child = self._children.get(key)
+            if child is None:
+                child = self._children[key] = self.metrics.relative_error.labels(*key)
+            child.observe(abs(y - yhat) / y)
+
+    # -------------------------------------------------------------- publishing
+    def publish_due(self, now: float, force: bool = False) -> None:
+        """Publish every configuration whose learners moved and whose policy says so."""
+        for cid in self.registry.ids():
+            ls = self.registry.get(cid)
+            p = self._pending.get(cid)
+            if ls is None or p is None or ls.version == p.last_published_version:
+                continue
+            cs = self.registry.snapshot(cid)
+            self._export_gauges(cs, p)
+            if self.store is not None:
+                self._publish(cs, p, now, force)
+
+    def _export_gauges(self, cs: ConfigSnapshot, p: _Pending) -> None:
+        cid = cs.config_id
+        for target, summary in cs.errors.items():
+            for source, regimes in summary.items():
+                s = regimes.get("all")
+                if source in _SOURCES and s and math.isfinite(s.get("mape", math.nan)):
+                    self.metrics.mape.labels(cid, target, source).set(s["mape"])
+        for name, vec in cs.vectors.items():
+            seen = p.drift_seen.get(name, 0)
+            if vec.drift_detections > seen:
+                target = "step_period" if name.startswith("beta") else name
+                self.metrics.drift.labels(cid, target).inc(vec.drift_detections - seen)
+                p.drift_seen[name] = vec.drift_detections
+
+    def _publish(self, cs: ConfigSnapshot, p: _Pending, now: float, force: bool) -> None:
+        assert self.store is not None
+        cid = cs.config_id
+        previous = self.store.latest(cid)
+        now_ns = int(now * 1e9)
+        ok, reason = self.policy.decide(previous, cs.alpha, cs.beta, now_ns, cs.observations)
+        if reason == "invalid":
+            # The registry only hands out valid vectors; refusing here is the last guard.
+            self.metrics.publish_refused.labels(cid).inc()
+            log.error("refusing to publish invalid coefficients", config=cid)
+            return
+        if not ok and not (force and reason == "unchanged"):
+            return
+        cfg = self._configs.get(cid)
+        description = cfg.to_dict() if cfg is not None else {}
+        snap = to_snapshot(cs, self.store.next_version(cid), description)
+        try:
+            self.store.publish(snap)
+        except (InvalidCoefficientsError, ValueError) as e:
+            self.metrics.publish_refused.labels(cid).inc()
+            log.error("snapshot refused", config=cid, error=str(e))
+            return
+        self.published += 1
+        if p.first_arrival is not None:
+            self.metrics.freshness.observe(max(0.0, now - p.first_arrival))
+        p.first_arrival = None
+        ls = self.registry.get(cid)
+        p.last_published_version = ls.version if ls is not None else -1
+        for i, val in enumerate(snap.alpha):
+            self.metrics.coefficient.labels(cid, "alpha", str(i)).set(val)
+        for i, val in enumerate(snap.beta):
+            self.metrics.coefficient.labels(cid, "beta", str(i)).set(val)
+
+    # ---------------------------------------------------------------- views
+    def live_rows(self) -> list[dict[str, Any]]:
+        """One row per configuration for a compact live view (demo)."""
+        rows = []
+        ev = self.registry.evaluator
+        for cid in self.registry.ids():
+            ls = self.registry.get(cid)
+            if ls is None:
+                continue
+            drift = sum(m.drift.detections for m in ls.learners.values() if m.drift is not None)
+            rows.append(
+                {
+                    "config": cid,
+                    "label": ls.config.short_label,
+                    "observations": ls.observations,
+                    "step_mape": ev.mape(cid, "step_period", "learned"),
+                    "step_mape_default": ev.mape(cid, "step_period", "blis_default"),
+                    "alpha_mape": [ev.mape(cid, t, "learned") for t in ALPHA_TARGETS],
+                    "drift": drift,
+                }
+            )
+        return rows
