@@ -103,7 +103,7 @@ def build_step_request(rng: random.Random, n_steps: int = 100) -> ExportTraceSer
         decode = rng.randint(1, 64)
         ptok = prefill * rng.randint(16, 1024)
         free = rng.randint(1000, 8000)
-        for k, v in (
+        summary: tuple[tuple[str, int | float], ...] = (
             ("step.id", 601 + i),
             ("step.ts_start_ns", start),
             ("step.ts_end_ns", start + dur),
@@ -120,7 +120,8 @@ def build_step_request(rng: random.Random, n_steps: int = 100) -> ExportTraceSer
             ("kv.usage_gpu_ratio", 1 - free / 8192),
             ("kv.blocks_total_gpu", 8192),
             ("kv.blocks_free_gpu", free),
-        ):
+        )
+        for key, val in summary:
             _kv(ev, k, v)
         start += rng.randint(8_000_000, 30_000_000)
     return _request("vllm.scheduler.step", [span])
