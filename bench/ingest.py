@@ -122,7 +122,7 @@ def build_step_request(rng: random.Random, n_steps: int = 100) -> ExportTraceSer
             ("kv.blocks_free_gpu", free),
         )
         for key, val in summary:
-            _kv(ev, k, v)
+            _kv(ev, key, val)
         start += rng.randint(8_000_000, 30_000_000)
     return _request("vllm.scheduler.step", [span])
 
