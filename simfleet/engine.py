@@ -738,8 +738,8 @@ class Engine:
             tev += 4 * US
             if r.num_out == 1:
                 self._journey(r, "FIRST_TOKEN", tev, b.step)
+                t_resp = tev + int(c.alpha[2] * self._lognorm(nz.alpha_sigma) * US)
                 if em is not None and r.api_span is not None and r.arr.stream:
-                    t_resp = tev + int(c.alpha[2] * self._lognorm(nz.alpha_sigma) * US)
                     self._later(
                         t_resp,
                         partial(em.api_event, r.api_span, "api.FIRST_RESPONSE_FROM_CORE", t_resp),
@@ -784,19 +784,20 @@ class Engine:
         em = self.em
         if em is not None and r.core_span is not None:
             em.core_end(r.core_span, t)
+        # noise is drawn whether or not the request is traced, so the engine's trajectory
+        # does not depend on the sample rates
+        nz = self.spec.noise
+        chat = r.arr.route == "/v1/chat/completions"
+        t_first = t + int(c.alpha[2] * self._lognorm(nz.alpha_sigma) * US)
+        t_dep = t + int(c.alpha[1] * self._lognorm(nz.alpha_sigma) * US)
         if em is not None and r.api_span is not None:
-            nz = self.spec.noise
             span = r.api_span
-            chat = r.arr.route == "/v1/chat/completions"
-            out = r.num_out
             if chat and not r.arr.stream:
                 # non-streaming: the final output is the first response (spec §2.2)
-                t_first = t + int(c.alpha[2] * self._lognorm(nz.alpha_sigma) * US)
                 self._later(
                     t_first, partial(em.api_event, span, "api.FIRST_RESPONSE_FROM_CORE", t_first)
                 )
-            t_dep = t + int(c.alpha[1] * self._lognorm(nz.alpha_sigma) * US)
-            self._later(t_dep, partial(em.api_departed, span, t_dep, out if chat else None))
+            self._later(t_dep, partial(em.api_departed, span, t_dep, r.num_out if chat else None))
 
     def _journey(
         self,
