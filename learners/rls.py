@@ -249,8 +249,13 @@ class RLSRegressor(base.Regressor):
         if self._pend_y:
             self._fold()
         if self._valid is None:
-            a, b = self.information()
-            self._valid = nnls_information(a, b)
+            theta = self.coef
+            if np.all(theta >= 0):
+                # The problem is strictly convex: a feasible unconstrained optimum is the NNLS one.
+                self._valid = theta
+            else:
+                a, b = self.information()
+                self._valid = nnls_information(a, b)
         return self._valid.copy()
 
     def information(self) -> tuple[FloatArray, FloatArray]:

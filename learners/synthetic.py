@@ -17,7 +17,6 @@ mixed chunked-prefill + decode, prefill), mapped through the real
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,14 +84,14 @@ def random_stats(
 
 def synth_steps(
     basis: BlisBasis,
-    beta: Sequence[float],
+    beta: npt.ArrayLike,
     n: int,
     *,
     seed: int = 0,
     sigma: float = 0.05,
     stall_rate: float = 0.003,
     change_at: int | None = None,
-    beta_after: Sequence[float] | None = None,
+    beta_after: npt.ArrayLike | None = None,
 ) -> SyntheticSteps:
     """``n`` steps of one configuration; the true β switches to ``beta_after`` at ``change_at``."""
     rng = np.random.default_rng(seed)
