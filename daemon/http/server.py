@@ -156,8 +156,7 @@ class _Handler(BaseHTTPRequestHandler):
                 try:
                     size = int(line.split(b";", 1)[0].strip() or b"0", 16)
                 except ValueError:
-                    self.close_connection = True
-                    self._send(Response.text(400, "bad chunked encoding"))
+                    self._refuse(400, "bad chunked encoding")
                     return None
                 if size == 0:
                     while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
@@ -165,8 +164,7 @@ class _Handler(BaseHTTPRequestHandler):
                     break
                 total += size
                 if total > limit:
-                    self.close_connection = True
-                    self._send(Response.text(413, f"body larger than {limit} bytes"))
+                    self._refuse(413, f"body larger than {limit} bytes")
                     return None
                 chunks.append(self.rfile.read(size))
                 self.rfile.readline(1024)
@@ -174,15 +172,21 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
-            self.close_connection = True
-            self._send(Response.text(400, "bad Content-Length"))
+            self._refuse(400, "bad Content-Length")
             return None
         if length < 0 or length > limit:
-            self.close_connection = True  # the unread body would poison keep-alive
-            self._send(Response.text(413, f"body larger than {limit} bytes"))
+            self._refuse(413, f"body larger than {limit} bytes")
             return None
         data = self.rfile.read(length) if length else b""
         return b"" if discard else data
+
+    def _refuse(self, status: int, reason: str) -> None:
+        """Answer a request whose body we will not read, and tell the owner."""
+        self.close_connection = True  # the unread body would poison keep-alive
+        self._send(Response.text(status, reason))
+        hook = self.server.on_refused
+        if hook is not None:
+            hook(status, reason, self.client_address[0] if self.client_address else "")
 
     def _send(self, resp: Response, head: bool = False) -> None:
         self.send_response(resp.status)
@@ -207,6 +211,7 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
     router: Router
     max_body_bytes: int
+    on_refused: Callable[[int, str, str], None] | None
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # Client resets and half-closed connections are normal; never print a traceback.
@@ -228,13 +233,17 @@ class HttpServer:
         *,
         max_body_bytes: int = 1024 * 1024,
         name: str = "http",
+        on_refused: Callable[[int, str, str], None] | None = None,
     ) -> None:
+        """``on_refused(status, reason, client)`` is told about requests refused before
+        routing (oversize or malformed bodies), so receivers can count them."""
         self.router = router or Router()
         self.name = name
         server_cls = _Server6 if ":" in host else _Server
         self._server = server_cls((host, port), _Handler)
         self._server.router = self.router
         self._server.max_body_bytes = max_body_bytes
+        self._server.on_refused = on_refused
         self._thread: threading.Thread | None = None
 
     @property

@@ -82,7 +82,12 @@ class OtlpHttpReceiver:
         self.router.add_route("POST", "/", self.handle)
         host, port = parse_endpoint(cfg.endpoint)
         self._server = HttpServer(
-            host, port, self.router, max_body_bytes=self.max_body, name="otlp-http"
+            host,
+            port,
+            self.router,
+            max_body_bytes=self.max_body,
+            name="otlp-http",
+            on_refused=lambda status, reason, client: self.ingestor.invalid(reason, client),
         )
 
     @property

@@ -106,6 +106,8 @@ def test_http_oversize_body_413(app: App) -> None:
     app._otlp_http._server._server.max_body_bytes = 1000  # type: ignore[union-attr]
     code, _, _ = post(app, b"\x00" * 5000, PB)
     assert code == 413
+    m = scrape(app)
+    assert metric(m, "coeffd_receiver_requests_total", receiver="otlp_http", outcome="invalid") == 1
     assert post(app, GOOD.SerializeToString(), PB)[0] == 200
 
 
@@ -149,3 +151,38 @@ def test_health_and_ready(app: App) -> None:
     with pytest.raises(urllib.error.HTTPError) as ei:
         urllib.request.urlopen(base + "/readyz", timeout=5)
     assert ei.value.code == 503
+
+
+@pytest.mark.parametrize(
+    ("event", "reason"),
+    [
+        (journey(scheduler__step=None), "missing:scheduler.step"),
+        (journey(phase=7), "type:phase"),
+        (journey(decode__done_tokens=float("nan")), "nonfinite:decode.done_tokens"),
+        (journey(prefill__total_tokens=2**60), "range:prefill.total_tokens"),
+        (journey(num_preemptions=-2), "range:num_preemptions"),
+    ],
+)
+def test_malformed_events_over_grpc_counted_by_reason(
+    app: App, event: tuple[str, dict[str, object]], reason: str
+) -> None:
+    req = request(
+        ("vllm.scheduler", [core_span(event, journey("SCHEDULED"))]),
+        ("vllm.unknown", [core_span(journey())]),
+    )
+    ch, stub = _stub(app)
+    with ch:
+        resp = stub.Export(req, timeout=5)
+    assert resp.partial_success.rejected_spans == 1
+    m = scrape(app)
+    assert metric(m, "coeffd_events_rejected_total", receiver="otlp_grpc", reason=reason) == 1
+    assert (
+        metric(m, "coeffd_events_ignored_total", receiver="otlp_grpc") == 2
+    )  # unknown scope: span + event
+    assert (
+        metric(
+            m, "coeffd_events_received_total", receiver="otlp_grpc", kind="JourneyEvent.SCHEDULED"
+        )
+        == 1
+    )
+    assert metric(m, "coeffd_receiver_requests_total", receiver="otlp_grpc", outcome="partial") == 1
