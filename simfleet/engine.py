@@ -760,13 +760,14 @@ class Engine:
             events.extend(self._completed_transfers(tev))
         events.extend(b.worker_events)
         self._inflight.extend(b.transfers)
-        if events and self.kv_sinks:
-            tev += 8 * US
-            wall = (em.wall(tev) if em is not None else tev + self._wall_offset_fallback) / 1e9
-            payload = encode_batch(wall, events, self.sc.dp_rank, self.kv_form)
-            for s in self.kv_sinks:
-                s.publish(self.kv_topic, self.kv_seq, payload, self.kv_source)
-            self.kv_seq += 1
+        if events:
+            tev += 8 * US  # the publish itself (time passes whether or not anyone listens)
+            if self.kv_sinks:
+                wall = (em.wall(tev) if em is not None else tev + self._wall_offset_fallback) / 1e9
+                payload = encode_batch(wall, events, self.sc.dp_rank, self.kv_form)
+                for s in self.kv_sinks:
+                    s.publish(self.kv_topic, self.kv_seq, payload, self.kv_source)
+                self.kv_seq += 1
         return tev + 25 * US
 
     _wall_offset_fallback = 1_767_220_600_000_000_000

@@ -78,6 +78,14 @@ def resource_attributes(spec: EngineSpec, process: str, index: int) -> dict[str,
     return attrs
 
 
+def config_id(resource: dict[str, Any]) -> str:
+    """The project's configuration id for these resource attributes (learners.features)."""
+    from learners.features.config import ServingConfig
+    from receivers.records import Source
+
+    return ServingConfig.from_resource(Source("", tuple(sorted(resource.items())))).id
+
+
 @dataclass
 class RunResult:
     """What a run produced: engines (with optional step records) and the truth document."""
@@ -113,10 +121,12 @@ def truth_document(
             d["kv_base_us"] = list(p.kv_base_us)
             d["kv_bytes_per_us"] = list(p.kv_bytes_per_us)
             points.append(d)
+        resource = resource_attributes(spec, "engine_core", i)
         confs.append(
             {
                 "engine": spec.name,
-                "resource": resource_attributes(spec, "engine_core", i),
+                "config_id": config_id(resource),
+                "resource": resource,
                 "serving": asdict(spec.serving),
                 "workload": {
                     k: (list(v) if isinstance(v, tuple) else v)

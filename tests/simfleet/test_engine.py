@@ -157,3 +157,11 @@ def test_trajectory_does_not_depend_on_sampling():
     assert [(s.step, s.start_ns, s.tokens) for s in a] == [
         (s.step, s.start_ns, s.tokens) for s in b
     ]
+
+
+def test_trajectory_does_not_depend_on_sinks():
+    import io
+
+    a = simfleet.run("steady", 4.0, seed=9, telemetry=False, drain_s=5.0)
+    b = simfleet.run("steady", 4.0, seed=9, kv_out=io.StringIO(), drain_s=5.0)
+    assert (a.steps, a.requests_finished) == (b.steps, b.requests_finished)

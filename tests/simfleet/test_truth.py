@@ -87,3 +87,29 @@ def test_api_delays_match_true_alpha(steady_full):
     assert abs(statistics.median(departed) - 1) < 0.05
     assert abs(statistics.median(first) - 1) < 0.05
     assert len(first) > 5
+
+
+def test_truth_documents_configurations_and_change_points():
+    import simfleet
+
+    fleet = simfleet.run("fleet", 0.5, 1, telemetry=False, drain_s=0.0).truth
+    confs = fleet["configurations"]
+    assert len({c["config_id"] for c in confs}) >= 6
+    assert {c["serving"]["gpu"] for c in confs} >= {"H100", "A100-80"}
+    assert {c["serving"]["tp"] for c in confs} >= {1, 2, 4}
+    assert any(c["serving"]["dp"] == 2 and c["serving"]["ep"] for c in confs)
+    assert {c["serving"]["cpu_offload_gib"] > 0 for c in confs} == {True, False}
+    assert len({c["serving"]["max_num_batched_tokens"] for c in confs}) >= 2
+    assert not any(c["serving"]["async_scheduling"] for c in confs) is False
+    for c in confs:
+        assert c["physics"] == "blis"
+        for p in c["coefficients"]["points"]:
+            assert all(b >= 0 for b in p["beta"]) and all(a > 0 for a in p["alpha"])
+        assert c["resource"]["coeffd.engine"] == c["engine"]
+    betas = {tuple(c["coefficients"]["points"][0]["beta"]) for c in confs}
+    assert len(betas) >= 6  # distinguishable per configuration
+    for name, gradual in (("abrupt-drift", False), ("gradual-drift", True)):
+        t = simfleet.run(name, 10.0, 1, telemetry=False, drain_s=0.0).truth
+        co = t["configurations"][0]["coefficients"]
+        assert co["interpolation"] == ("linear" if gradual else "step")
+        assert co["change_points_s"] and co["points"][0]["beta"] != co["points"][-1]["beta"]
