@@ -100,7 +100,7 @@ def test_truth_documents_configurations_and_change_points():
     assert any(c["serving"]["dp"] == 2 and c["serving"]["ep"] for c in confs)
     assert {c["serving"]["cpu_offload_gib"] > 0 for c in confs} == {True, False}
     assert len({c["serving"]["max_num_batched_tokens"] for c in confs}) >= 2
-    assert not any(c["serving"]["async_scheduling"] for c in confs) is False
+    assert {c["serving"]["async_scheduling"] for c in confs} == {True, False}
     for c in confs:
         assert c["physics"] == "blis"
         for p in c["coefficients"]["points"]:
