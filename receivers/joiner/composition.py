@@ -38,10 +38,19 @@ def snapshot_request(snap: RequestSnapshot, newly_admitted: bool) -> BatchReques
     very step, which BLIS gives ``progress = 0`` even with prefix-cache hits.
     ``output_len`` is only known so far; BLIS only looks at ``> 0``, and a scheduled
     request will produce at least one token, so it is at least 1.
+
+    >>> from receivers.records import RequestSnapshot
+    >>> s = RequestSnapshot(None, 0, 9, "r", "DECODE", 138, 112, 37, 2, 63, 9, 0, 26)
+    >>> snapshot_request(s, False)  # resumed after preemption: re-prefills 138 + 37
+    BatchRequest(input_len=175, progress=112, new_tokens=63, output_len=37)
     """
     progress = 0 if newly_admitted else snap.num_computed_tokens
+    known = snap.num_prompt_tokens + snap.num_output_tokens
+    # a request preempted by recompute re-prefills its prompt *and* its outputs so far:
+    # in BLIS terms its input is all known tokens until it is back to decoding
+    recomputing = snap.num_output_tokens > 0 and snap.num_computed_tokens < known - 1
     return BatchRequest(
-        input_len=snap.num_prompt_tokens,
+        input_len=known if recomputing else snap.num_prompt_tokens,
         progress=progress,
         new_tokens=snap.scheduled_tokens,
         output_len=max(snap.num_output_tokens, 1),

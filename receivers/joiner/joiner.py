@@ -51,6 +51,8 @@ class Joiner:
     >>> j = Joiner()
     >>> j.push_many([]) == [] and j.flush() == []
     True
+    >>> j.entries()["request"]
+    0
     """
 
     def __init__(
@@ -604,6 +606,8 @@ class Joiner:
         interval = int(self.cfg.summary_log_interval_s * 1e9)
         if not force and self._max_wall - self._last_log < interval:
             return
+        if not self.metrics.outcomes:
+            return  # nothing happened yet: no line
         self._last_log = self._max_wall
         delta = self.metrics.reasons - self._logged
         outcomes = {f"{o}.{k}": n for (o, k), n in sorted(self.metrics.outcomes.items()) if n}
