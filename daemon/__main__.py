@@ -4,4 +4,5 @@ import sys
 
 from daemon.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # guarded: doctest collection imports this module
+    sys.exit(main())

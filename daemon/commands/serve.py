@@ -9,11 +9,13 @@ import argparse
 from typing import Any
 
 import structlog
+from prometheus_client import CollectorRegistry
 
-from daemon.app import App
+from daemon.app import App, Consumer
 from daemon.commands.common import EXIT_USAGE, add_settings_arguments, settings_from_args
+from daemon.settings import Settings
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "build_consumer", "run"]
 
 log = structlog.get_logger(__name__)
 
@@ -30,12 +32,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+def build_consumer(settings: Settings, registry: CollectorRegistry) -> Consumer | None:
+    """The pipeline consumer of ``serve`` (joiner → learners → publisher), registering its
+    metrics on ``registry``; ``None`` means the counting-only default."""
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run until a signal; exit 0 after a graceful drain, 2 on bad settings, 1 on bind errors."""
     settings = settings_from_args(args)
     if settings is None:
         return EXIT_USAGE
-    app = App(settings)
+    registry = CollectorRegistry()
+    app = App(settings, consumer=build_consumer(settings, registry), registry=registry)
     try:
         return app.run()
     except OSError as e:
