@@ -186,3 +186,15 @@ def test_malformed_events_over_grpc_counted_by_reason(
         == 1
     )
     assert metric(m, "coeffd_receiver_requests_total", receiver="otlp_grpc", outcome="partial") == 1
+
+
+@pytest.mark.parametrize("wbits", [15, -15])  # zlib-wrapped (RFC) and raw deflate
+def test_http_deflate_accepted(app: App, wbits: int) -> None:
+    import zlib
+
+    c = zlib.compressobj(wbits=wbits)
+    body = c.compress(GOOD.SerializeToString()) + c.flush()
+    code, _, _ = post(app, body, PB, **{"Content-Encoding": "deflate"})
+    assert code == 200
+    assert app.pipeline.wait_idle(5)
+    assert app.consumer.total == 2  # type: ignore[attr-defined]
