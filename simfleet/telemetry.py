@@ -127,14 +127,95 @@ def request_to_json(req: ExportTraceServiceRequest) -> bytes:
     return orjson.dumps({"resourceSpans": rs_out})
 
 
-class JsonLinesSink:
-    """Writes one ``ExportTraceServiceRequest`` per line (Collector file-exporter format)."""
+def _value(v: Any) -> dict[str, Any]:
+    # bool before int: bool is an int subclass (the SDK encoder checks it first too)
+    if isinstance(v, str):
+        return {"stringValue": v}
+    if isinstance(v, bool):
+        return {"boolValue": v}
+    if isinstance(v, int):
+        return {"intValue": str(v)}
+    if isinstance(v, float):
+        return {"doubleValue": v}
+    return {"arrayValue": {"values": [_value(x) for x in v]}}
 
-    def __init__(self, fh: IO[bytes]) -> None:
+
+def _attrs_direct(attrs: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    return [{"key": k, "value": _value(v)} for k, v in (attrs or {}).items()]
+
+
+def spans_to_json(spans: Sequence[ReadableSpan]) -> bytes:
+    """``request_to_json(encode_spans(spans))`` without building the protobuf (~2× faster).
+
+    Same grouping (resource, then scope in first-appearance order), same field rules
+    (flags 0x100 | 0x200 for a remote parent, ``status`` kept, zero counts omitted); the
+    equality is asserted by the tests.
+    """
+    groups: dict[Any, dict[Any, list[dict[str, Any]]]] = {}
+    for sp in spans:
+        ctx = sp.get_span_context()
+        assert ctx is not None
+        d: dict[str, Any] = {"traceId": f"{ctx.trace_id:032x}", "spanId": f"{ctx.span_id:016x}"}
+        parent = sp.parent
+        if parent is not None:
+            d["parentSpanId"] = f"{parent.span_id:016x}"
+        d["name"] = sp.name
+        d["kind"] = sp.kind.value + 1  # OTLP enum: SDK INTERNAL=0 ↦ 1, SERVER=1 ↦ 2, …
+        d["startTimeUnixNano"] = str(sp.start_time)
+        d["endTimeUnixNano"] = str(sp.end_time)
+        if sp.attributes:
+            d["attributes"] = _attrs_direct(sp.attributes)
+        if sp.events:
+            d["events"] = [
+                {
+                    "timeUnixNano": str(ev.timestamp),
+                    "name": ev.name,
+                    "attributes": _attrs_direct(ev.attributes),
+                }
+                for ev in sp.events
+            ]
+        if sp.dropped_events:
+            d["droppedEventsCount"] = sp.dropped_events
+        st: dict[str, Any] = {}
+        if sp.status.status_code.value:
+            st["code"] = sp.status.status_code.value
+        if sp.status.description:
+            st["message"] = sp.status.description
+        d["status"] = st
+        d["flags"] = 0x300 if parent is not None and parent.is_remote else 0x100
+        scope = sp.instrumentation_scope
+        groups.setdefault(sp.resource, {}).setdefault(scope, []).append(d)
+    rs_out = []
+    for resource, scopes in groups.items():
+        ss_out = []
+        for scope, out in scopes.items():
+            sd: dict[str, Any] = {"name": scope.name if scope is not None else ""}
+            if scope is not None and scope.version:
+                sd["version"] = scope.version
+            ss_out.append({"scope": sd, "spans": out})
+        rs_out.append(
+            {"resource": {"attributes": _attrs_direct(resource.attributes)}, "scopeSpans": ss_out}
+        )
+    return orjson.dumps({"resourceSpans": rs_out})
+
+
+class JsonLinesSink:
+    """Writes one ``ExportTraceServiceRequest`` per line (Collector file-exporter format).
+
+    Called with the spans of one export (``export_spans``, the fast path) or with an
+    encoded request (``__call__``).
+    """
+
+    def __init__(self, fh: IO[bytes], fast: bool = True) -> None:
         self._fh = fh
+        self.fast = fast  # False: go through the SDK's protobuf encoder (reference path)
 
     def __call__(self, req: ExportTraceServiceRequest) -> None:
         self._fh.write(request_to_json(req))
+        self._fh.write(b"\n")
+
+    def export_spans(self, spans: Sequence[ReadableSpan]) -> None:
+        self._fh.write(spans_to_json(spans))
         self._fh.write(b"\n")
 
 
@@ -179,8 +260,13 @@ class SimBatchProcessor(SpanProcessor):
             self._next = now_ns + self._delay
 
     def _export(self, spans: Sequence[ReadableSpan]) -> None:
-        req = encode_spans(spans)
+        req: ExportTraceServiceRequest | None = None
         for s in self._sinks:
+            if isinstance(s, JsonLinesSink) and s.fast:
+                s.export_spans(spans)
+                continue
+            if req is None:
+                req = encode_spans(spans)
             s(req)
 
     def shutdown(self) -> None:

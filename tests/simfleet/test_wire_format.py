@@ -244,3 +244,25 @@ def test_json_lines_are_collector_otlp_json(steady_full):
             if "intValue" in a["value"]
         ]
     assert ints and all(isinstance(v, str) for v in ints)
+
+
+def test_fast_json_renderer_equals_sdk_encoding_and_keeps_dropped_counts():
+    """``spans_to_json`` (file fast path) == ``request_to_json(encode_spans(...))`` byte for
+    byte, on a run whose step spans overflow vLLM's 128-event limit."""
+    import io
+
+    import simfleet
+    from simfleet.telemetry import JsonLinesSink
+
+    fast, slow = io.BytesIO(), io.BytesIO()
+    simfleet.run(
+        "overload",
+        3.0,
+        seed=3,
+        trace_out=fast,
+        trace_sinks=[JsonLinesSink(slow, fast=False)],  # __call__ path: SDK encoder + protobuf walk
+        rates=simfleet.SampleRates(1.0, 1.0, 0.2, 100),
+        drain_s=2.0,
+    )
+    assert fast.getvalue() == slow.getvalue()
+    assert b'"droppedEventsCount"' in fast.getvalue()
