@@ -73,6 +73,42 @@ def _attrs(kvs: Sequence[KeyValue]) -> list[dict[str, Any]]:
     return [{"key": kv.key, "value": _any(kv.value)} for kv in kvs]
 
 
+def _span_json(
+    ids: tuple[str, str, str | None],
+    name: str,
+    kind: int,
+    times: tuple[int, int],
+    attrs: list[dict[str, Any]],
+    events: list[tuple[int, str, list[dict[str, Any]]]],
+    dropped_events: int,
+    status: tuple[int, str],
+    flags: int,
+) -> dict[str, Any]:
+    """One span in OTLP/JSON, keys in the order the Collector writes them."""
+    d: dict[str, Any] = {"traceId": ids[0], "spanId": ids[1]}
+    if ids[2]:
+        d["parentSpanId"] = ids[2]
+    d["name"] = name
+    d["kind"] = kind
+    d["startTimeUnixNano"] = str(times[0])
+    d["endTimeUnixNano"] = str(times[1])
+    if attrs:
+        d["attributes"] = attrs
+    if events:
+        d["events"] = [{"timeUnixNano": str(t), "name": n, "attributes": a} for t, n, a in events]
+    if dropped_events:
+        d["droppedEventsCount"] = dropped_events
+    st: dict[str, Any] = {}
+    if status[0]:
+        st["code"] = status[0]
+    if status[1]:
+        st["message"] = status[1]
+    d["status"] = st
+    if flags:
+        d["flags"] = flags
+    return d
+
+
 def request_to_json(req: ExportTraceServiceRequest) -> bytes:
     """OTLP/JSON of one request as the Collector file exporter writes it (spec §6).
 
@@ -85,37 +121,17 @@ def request_to_json(req: ExportTraceServiceRequest) -> bytes:
         for ss in rs.scope_spans:
             spans = []
             for sp in ss.spans:
-                d: dict[str, Any] = {
-                    "traceId": sp.trace_id.hex(),
-                    "spanId": sp.span_id.hex(),
-                }
-                if sp.parent_span_id:
-                    d["parentSpanId"] = sp.parent_span_id.hex()
-                d["name"] = sp.name
-                d["kind"] = int(sp.kind)
-                d["startTimeUnixNano"] = str(sp.start_time_unix_nano)
-                d["endTimeUnixNano"] = str(sp.end_time_unix_nano)
-                if sp.attributes:
-                    d["attributes"] = _attrs(sp.attributes)
-                if sp.events:
-                    d["events"] = [
-                        {
-                            "timeUnixNano": str(ev.time_unix_nano),
-                            "name": ev.name,
-                            "attributes": _attrs(ev.attributes),
-                        }
-                        for ev in sp.events
-                    ]
-                if sp.dropped_events_count:
-                    d["droppedEventsCount"] = sp.dropped_events_count
-                st: dict[str, Any] = {}
-                if sp.status.code:
-                    st["code"] = int(sp.status.code)
-                if sp.status.message:
-                    st["message"] = sp.status.message
-                d["status"] = st
-                if sp.flags:
-                    d["flags"] = sp.flags
+                d = _span_json(
+                    (sp.trace_id.hex(), sp.span_id.hex(), sp.parent_span_id.hex() or None),
+                    sp.name,
+                    int(sp.kind),
+                    (sp.start_time_unix_nano, sp.end_time_unix_nano),
+                    _attrs(sp.attributes),
+                    [(ev.time_unix_nano, ev.name, _attrs(ev.attributes)) for ev in sp.events],
+                    sp.dropped_events_count,
+                    (int(sp.status.code), sp.status.message),
+                    sp.flags,
+                )
                 spans.append(d)
             scope: dict[str, Any] = {"name": ss.scope.name}
             if ss.scope.version:
@@ -155,34 +171,22 @@ def spans_to_json(spans: Sequence[ReadableSpan]) -> bytes:
     for sp in spans:
         ctx = sp.get_span_context()
         assert ctx is not None
-        d: dict[str, Any] = {"traceId": f"{ctx.trace_id:032x}", "spanId": f"{ctx.span_id:016x}"}
         parent = sp.parent
-        if parent is not None:
-            d["parentSpanId"] = f"{parent.span_id:016x}"
-        d["name"] = sp.name
-        d["kind"] = sp.kind.value + 1  # OTLP enum: SDK INTERNAL=0 ↦ 1, SERVER=1 ↦ 2, …
-        d["startTimeUnixNano"] = str(sp.start_time)
-        d["endTimeUnixNano"] = str(sp.end_time)
-        if sp.attributes:
-            d["attributes"] = _attrs_direct(sp.attributes)
-        if sp.events:
-            d["events"] = [
-                {
-                    "timeUnixNano": str(ev.timestamp),
-                    "name": ev.name,
-                    "attributes": _attrs_direct(ev.attributes),
-                }
-                for ev in sp.events
-            ]
-        if sp.dropped_events:
-            d["droppedEventsCount"] = sp.dropped_events
-        st: dict[str, Any] = {}
-        if sp.status.status_code.value:
-            st["code"] = sp.status.status_code.value
-        if sp.status.description:
-            st["message"] = sp.status.description
-        d["status"] = st
-        d["flags"] = 0x300 if parent is not None and parent.is_remote else 0x100
+        d = _span_json(
+            (
+                f"{ctx.trace_id:032x}",
+                f"{ctx.span_id:016x}",
+                f"{parent.span_id:016x}" if parent is not None else None,
+            ),
+            sp.name,
+            sp.kind.value + 1,  # OTLP enum: SDK INTERNAL=0 ↦ 1, SERVER=1 ↦ 2, …
+            (sp.start_time or 0, sp.end_time or 0),
+            _attrs_direct(sp.attributes),
+            [(ev.timestamp, ev.name, _attrs_direct(ev.attributes)) for ev in sp.events],
+            sp.dropped_events,
+            (sp.status.status_code.value, sp.status.description or ""),
+            0x300 if parent is not None and parent.is_remote else 0x100,
+        )
         scope = sp.instrumentation_scope
         groups.setdefault(sp.resource, {}).setdefault(scope, []).append(d)
     rs_out = []
