@@ -200,7 +200,7 @@ class PooledPrior:
             den = den + wi
             best = max(best, sim)
             sources.append(_diff_label(desc, known.description))
-        mean = num / den
+        mean = num / den if sources else self.default.copy()  # exact defaults when alone
         strength = (
             self.strength * (1.0 + self.pooled_boost * best * best) if sources else self.strength
         )

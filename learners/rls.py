@@ -111,7 +111,7 @@ class RLSRegressor(base.Regressor):
         self,
         features: Sequence[str],
         forgetting: float = 0.999,
-        prior_mean: Sequence[float] | None = None,
+        prior_mean: Sequence[float] | FloatArray | None = None,
         prior_precision: float | Sequence[float] | FloatArray = 1e-6,
         forget_prior: bool = False,
         weighting: Weighting = "none",
