@@ -31,7 +31,7 @@ from daemon.http.server import HttpServer, Request, Response, Router
 from daemon.log import RateLimiter
 from daemon.metrics import ReceiverMetrics
 from daemon.settings import Settings, parse_endpoint
-from receivers.otlp.decode import Decoder, record_kind
+from receivers.otlp.decode import Decoder, count_kinds
 from receivers.records import Record
 
 __all__ = ["App", "Consumer", "CountingConsumer", "Pipeline"]
@@ -80,10 +80,7 @@ class CountingConsumer:
         """Count the batch."""
         self.batches += 1
         self.total += len(records)
-        kinds: collections.Counter[str] = collections.Counter()
-        for r in records:
-            kinds[record_kind(r)] += 1
-        self.by_kind.update(kinds)
+        self.by_kind.update(count_kinds(records))
         if self.records is not None:
             self.records.extend(records)
 
@@ -166,9 +163,7 @@ class Pipeline:
         return True
 
     def _count(self, records: Sequence[Any], receiver: str) -> None:
-        kinds: collections.Counter[str] = collections.Counter()
-        for r in records:
-            kinds[record_kind(r)] += 1
+        kinds = count_kinds(records)
         cache = self._label_cache
         assert self.metrics is not None
         for kind, k in kinds.items():

@@ -19,8 +19,7 @@ from typing import IO, Any
 import orjson
 import structlog
 
-from receivers.otlp.decode import JsonDecodeError, parse_json_request
-from receivers.otlp.decode import record_kind as record_kind
+from receivers.otlp.decode import JsonDecodeError, count_kinds, parse_json_request
 from receivers.otlp.ingest import Ingestor, Outcome
 
 __all__ = ["RECEIVER", "ReplaySummary", "iter_json_objects", "open_trace_file", "replay_files"]
@@ -136,5 +135,4 @@ def _replay_line(
         summary.rejected += res.rejected
         summary.rejected_by_reason.update(res.reasons)
         summary.ignored += res.ignored
-        for r in res.records:
-            summary.records_by_kind[record_kind(r)] += 1
+        summary.records_by_kind.update(count_kinds(res.records))
