@@ -558,7 +558,9 @@ def _decode_events(
 def _span_info(span: Any, scope: str, source: Source) -> SpanInfo:
     trace_id = span.trace_id
     span_id = span.span_id
-    if len(trace_id) != 16 or len(span_id) != 8:
+    parent = span.parent_span_id
+    # Joins key on these ids (spec §2.6, §7.3), so malformed ids are rejected, not guessed.
+    if len(trace_id) != 16 or len(span_id) != 8 or len(parent) not in (0, 8):
         raise _Reject("ids")
     start = span.start_time_unix_nano
     end = span.end_time_unix_nano
@@ -567,7 +569,7 @@ def _span_info(span: Any, scope: str, source: Source) -> SpanInfo:
     return SpanInfo(
         trace_id,
         span_id,
-        span.parent_span_id,
+        parent,
         span.name,
         scope,
         source,

@@ -135,3 +135,18 @@ def test_source_id_stable_and_cached() -> None:
     other.attributes.add().CopyFrom(kv)
     other.attributes.add().CopyFrom(r.attributes[0])
     assert source_for_resource(r).id == source_for_resource(other).id != s1.id
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("traceId", "abcd"), ("spanId", "00"), ("parentSpanId", "0102"), ("startTimeUnixNano", "0")],
+)
+def test_bad_ids_or_times_reject_the_span(field: str, value: str) -> None:
+    s = core_span(journey())
+    s[field] = value
+    res = decode_request(request(("vllm.scheduler", [s])))
+    assert res.records == [] and res.rejected == 2
+    assert set(res.reasons) == {
+        "ids" if field != "startTimeUnixNano" else "range:span_time",
+        "parent_rejected",
+    }
