@@ -79,19 +79,22 @@ def test_close_drops_after_drain_timeout_when_consumer_is_stuck() -> None:
 
 def test_two_apps_in_one_process_with_own_registries_and_mounted_routes() -> None:
     def settings() -> Settings:
-        return Settings(
-            receivers={
-                "otlp_grpc": {"endpoint": "127.0.0.1:0"},
-                "otlp_http": {"endpoint": "127.0.0.1:0"},
-            },
-            http={"endpoint": "127.0.0.1:0"},
+        return Settings.model_validate(
+            {
+                "receivers": {
+                    "otlp_grpc": {"endpoint": "127.0.0.1:0"},
+                    "otlp_http": {"endpoint": "127.0.0.1:0"},
+                },
+                "http": {"endpoint": "127.0.0.1:0"},
+            }
         )
 
     with App(settings()) as a, App(settings()) as b:
         a.router.add_route(
             "GET", "/v1/", lambda req: Response.text(200, "api:" + req.path), prefix=True
         )
-        assert a.offer([object()], "t")
+        placeholder: Any = object()
+        assert a.offer([placeholder], "t")
         assert a.pipeline.wait_idle(5)
         url = f"http://127.0.0.1:{a.http_port}/v1/coefficients/x"
         assert urllib.request.urlopen(url, timeout=5).read() == b"api:/v1/coefficients/x\n"

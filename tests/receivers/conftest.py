@@ -14,15 +14,17 @@ from daemon.settings import Settings
 
 
 def make_settings(**pipeline: Any) -> Settings:
-    return Settings(
-        receivers={
-            "otlp_grpc": {"endpoint": "127.0.0.1:0"},
-            "otlp_http": {"endpoint": "127.0.0.1:0"},
-            "retry_after_seconds": 0.2,
-        },
-        http={"endpoint": "127.0.0.1:0"},
-        pipeline={"drain_timeout_seconds": 5.0, **pipeline},
-        log={"rate_limit_seconds": 0.0},
+    return Settings.model_validate(
+        {
+            "receivers": {
+                "otlp_grpc": {"endpoint": "127.0.0.1:0"},
+                "otlp_http": {"endpoint": "127.0.0.1:0"},
+                "retry_after_seconds": 0.2,
+            },
+            "http": {"endpoint": "127.0.0.1:0"},
+            "pipeline": {"drain_timeout_seconds": 5.0, **pipeline},
+            "log": {"rate_limit_seconds": 0.0},
+        }
     )
 
 

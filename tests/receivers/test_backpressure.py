@@ -8,6 +8,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -21,7 +22,7 @@ from vllm_spans import emit_api, emit_engine
 
 from daemon.app import App, CountingConsumer
 
-FILLER = [object()] * 4  # occupies the tiny queue so that any real request overflows it
+FILLER: Any = [object()] * 4  # occupies the tiny queue so that any real request overflows it
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 from otlp_builders import core_span, journey, request, span, step_span, summary_attrs
@@ -71,7 +72,7 @@ def test_bad_journey_event_rejected_rest_kept(override: dict[str, object], reaso
         ({"queue__waiting_depth": -3}, "range:queue.waiting_depth"),
     ],
 )
-def test_bad_summary_rejected(override: dict[str, object], reason: str) -> None:
+def test_bad_summary_rejected(override: dict[str, Any], reason: str) -> None:
     res = decode_request(
         request(
             ("vllm.scheduler.step", [step_span(summary_attrs(**override), summary_attrs(1043))])

@@ -5,7 +5,9 @@ from __future__ import annotations
 import gzip
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,8 +30,8 @@ EXAMPLE = Path(__file__).parent.parent / "data" / "vllm-example-traces.jsonl"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def example_records() -> list[object]:
-    out: list[object] = []
+def example_records() -> list[Any]:
+    out: list[Any] = []
     for line in EXAMPLE.read_bytes().splitlines():
         res = decode_json(line)
         assert (res.rejected, res.ignored) == (0, 0)
@@ -37,7 +39,7 @@ def example_records() -> list[object]:
     return out
 
 
-def check_example(records: list[object]) -> None:
+def check_example(records: Sequence[Any]) -> None:
     """Assert every record of the worked example field by field (spec §6.1)."""
     kinds = [type(r).__name__ for r in records]
     assert kinds == [
@@ -197,9 +199,11 @@ def test_replay_into_pipeline_gz_and_concatenated(tmp_path: Path) -> None:
 def _pipeline_only():  # type: ignore[no-untyped-def]
     from daemon.settings import Settings
 
-    return Settings(
-        receivers={"otlp_grpc": {"enabled": False}, "otlp_http": {"enabled": False}},
-        http={"enabled": False},
+    return Settings.model_validate(
+        {
+            "receivers": {"otlp_grpc": {"enabled": False}, "otlp_http": {"enabled": False}},
+            "http": {"enabled": False},
+        }
     )
 
 

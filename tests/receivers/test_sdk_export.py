@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from conftest import metric, scrape
 from grpc import Compression as GrpcCompression
@@ -46,7 +48,8 @@ def test_sdk_spans_arrive_as_records(app: App, protocol: str, path: str) -> None
     consumer = app.consumer
     assert isinstance(consumer, CountingConsumer) and consumer.records is not None
     check_example(consumer.records)  # every record, field by field
-    assert consumer.records[0].span.source.get("telemetry.sdk.name") == "opentelemetry"
+    first: Any = consumer.records[0]
+    assert first.span.source.get("telemetry.sdk.name") == "opentelemetry"
 
     receiver = f"otlp_{protocol}"
     m = scrape(app)

@@ -9,6 +9,7 @@ explicit so that the decoded records equal the example's numbers.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -39,7 +40,7 @@ class FixedIds(IdGenerator):
 
 def _journey(
     etype: str, mono_ns: int, step: int, phase: str, pd: int, dd: int, **extra: str
-) -> dict[str, object]:
+) -> dict[str, Any]:
     return {
         "event.type": etype,
         "ts.monotonic": mono_ns / 1e9,
@@ -55,7 +56,7 @@ def _journey(
     }
 
 
-def summary(step: int, start: int, end: int, sched: int, prefill: int) -> dict[str, object]:
+def summary(step: int, start: int, end: int, sched: int, prefill: int) -> dict[str, Any]:
     return {
         "step.id": step,
         "step.ts_start_ns": start,
@@ -86,7 +87,7 @@ def snapshot(
     alloc: int,
     cached: int,
     eff: int,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     return {
         "step.id": 1042,
         "request.id": rid,
