@@ -106,6 +106,8 @@ class Workload:
     stream_fraction: float = 0.9  # of chat requests
     length_finish_fraction: float = 0.3  # requests that stop at max_tokens
     max_model_len: int = 8192
+    abort_fraction: float = 0.0  # requests whose client disconnects if not done in time
+    abort_patience_s: float = 20.0  # mean patience (exponential, + 1 s) of those clients
     rate_schedule: tuple[tuple[float, float], ...] = ()
 
 

@@ -89,10 +89,24 @@ class Emitter:
 
     def api_event(self, span: Span, name: str, t_ns: int) -> None:
         """An ``api.*`` event: ``event.ts.monotonic`` (double s) then the wall stamp."""
-        span.add_event(name, {"event.ts.monotonic": t_ns / 1e9}, timestamp=self.wall(t_ns))
+        if span.is_recording():  # an aborted request's span is already ended
+            span.add_event(name, {"event.ts.monotonic": t_ns / 1e9}, timestamp=self.wall(t_ns))
+
+    def api_aborted(self, span: Span, t_ns: int, reason: str) -> None:
+        """``api.ABORTED`` (``reason``; no ``error`` for a disconnect), span end."""
+        if not span.is_recording():
+            return
+        span.add_event(
+            "api.ABORTED",
+            {"event.ts.monotonic": t_ns / 1e9, "reason": reason},
+            timestamp=self.wall(t_ns),
+        )
+        span.end(end_time=self.wall(t_ns + 10_000))
 
     def api_departed(self, span: Span, t_ns: int, completion_tokens: int | None) -> None:
         """``gen_ai.usage.completion_tokens`` (chat), ``api.DEPARTED``, span end."""
+        if not span.is_recording():
+            return
         if completion_tokens is not None:
             span.set_attribute("gen_ai.usage.completion_tokens", completion_tokens)
         self.api_event(span, "api.DEPARTED", t_ns)

@@ -169,7 +169,9 @@ class Engine:
         self.end_ns = end_ns
         self._arrivals = iter(ArrivalProcess(spec.workload, seed ^ 0xA7, t0_ns + 50 * MS))
         self._next_arrival: Arrival | None = next(self._arrivals)
-        self._inbox: list[tuple[int, int, Req]] = []
+        # (time, seq, kind, request): kind 0 = ADD, 1 = ABORT (EngineCore input queue)
+        self._inbox: list[tuple[int, int, int, Req]] = []
+        self._inbox_seq = 0
         self._api: list[tuple[int, int, Callable[[], None]]] = []
         self._api_seq = 0
         self.waiting: deque[Req] = deque()
@@ -200,6 +202,8 @@ class Engine:
         self.steps: list[StepRecord] = []
         self.finished_reqs: list[Req] = []
         self.num_preemptions = 0
+        self.num_aborted = 0
+        self._now_api = t0_ns
         self.num_arrivals = 0
         self.num_transfers = 0
         self.shutdown_done = False
@@ -258,6 +262,7 @@ class Engine:
             return a.t_ns
         if self._api and self._api[0][0] <= t:
             ta, _, fn = heapq.heappop(self._api)
+            self._now_api = ta
             fn()
             return ta
         if self._work_pending() or self._inbox:
@@ -299,16 +304,37 @@ class Engine:
             )
             if chat:
                 em.api_event(r.api_span, "api.HANDOFF_TO_CORE", a.t_ns + 40 * US)
-        heapq.heappush(self._inbox, (deliver, a.index, r))
+        self._push_input(deliver, 0, r)
+        wl = self.spec.workload
+        if wl.abort_fraction > 0 and self.rng.random() < wl.abort_fraction:
+            patience = 1.0 + self.rng.expovariate(1.0 / wl.abort_patience_s)
+            self._later(a.t_ns + int(patience * 1e9), partial(self._client_abort, r))
+
+    def _push_input(self, t: int, kind: int, r: Req) -> None:
+        self._inbox_seq += 1
+        heapq.heappush(self._inbox, (t, self._inbox_seq, kind, r))
+
+    def _client_abort(self, r: Req) -> None:
+        """Client disconnect: ``api.ABORTED`` now, an ABORT to the engine shortly after."""
+        if r.finished:
+            return
+        t = self._now_api
+        em = self.em
+        if em is not None and r.api_span is not None:
+            em.api_aborted(r.api_span, t, "client_disconnect")
+        self._push_input(t + 150 * US, 1, r)
 
     # ------------------------------------------------------------ busy loop
 
     def _iteration(self) -> None:
         t = self.t
         while self._inbox and self._inbox[0][0] <= t:
-            _, _, r = heapq.heappop(self._inbox)
+            _, _, kind, r = heapq.heappop(self._inbox)
             t += 12 * US
-            self._add_request(r, t)
+            if kind == 0:
+                self._add_request(r, t)
+            else:
+                self._abort_request(r, t)
         if not (self.waiting or self.running or self.finished_pending or self.batch_queue):
             self.t = t
             return
@@ -323,6 +349,26 @@ class Engine:
             r.core_span = self.em.core_start(t, r.api_span, r.internal_id)
             self._journey(r, "QUEUED", t, self.counter, phase="WAITING")
         self.waiting.append(r)
+
+    def _abort_request(self, r: Req, t: int) -> None:
+        """``finish_requests`` from the input queue: FINISHED(aborted) with the current counter."""
+        if r.finished:
+            return
+        if r in self.running:
+            self.running.remove(r)
+        elif r in self.waiting:
+            self.waiting.remove(r)
+        else:
+            return  # not (yet) known to the engine: vLLM ignores such aborts
+        r.finished = True
+        self.pool.free(r.blocks)
+        r.blocks = []
+        self.finished_since += 1
+        self.finished_pending = True
+        self.num_aborted += 1
+        self._journey(r, "FINISHED", t, self.counter, finish_status="aborted")
+        if self.em is not None and r.core_span is not None:
+            self.em.core_end(r.core_span, t)
 
     def _has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)

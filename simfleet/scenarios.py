@@ -195,7 +195,13 @@ def overload(duration_s: float) -> list[EngineSpec]:
                 num_gpu_blocks=1200,
                 max_num_batched_tokens=2048,
             ),
-            Workload(rate_per_s=14.0, profile="decode-heavy", prefix_share=0.3),
+            Workload(
+                rate_per_s=14.0,
+                profile="decode-heavy",
+                prefix_share=0.3,
+                abort_fraction=0.15,  # impatient clients give up on long queues
+                abort_patience_s=8.0,
+            ),
         )
     ]
 

@@ -97,6 +97,8 @@ def test_overload_invariants_and_preemption_bookkeeping():
         for rs in req.resource_spans:
             for ss in rs.scope_spans:
                 for sp in ss.spans:
+                    if sp.name == "llm_request":
+                        kinds.update(e.name for e in sp.events)
                     if sp.name != "llm_core":
                         continue
                     names = [e.name for e in sp.events]
@@ -109,7 +111,8 @@ def test_overload_invariants_and_preemption_bookkeeping():
                         last = {kv.key: kv.value for kv in sp.events[-1].attributes}
                         assert last["num_preemptions"].int_value == pre
     assert kinds["journey.PREEMPTED"] > 0 and resumed > 0
-    assert kinds["journey.FINISHED"] == len(eng.finished_reqs)
+    assert kinds["journey.FINISHED"] == len(eng.finished_reqs) + eng.num_aborted
+    assert eng.num_aborted > 0 and kinds["api.ABORTED"] >= eng.num_aborted
 
 
 def test_sync_and_offload_engines_keep_invariants():

@@ -64,6 +64,7 @@ EVENT_ATTRS: dict[str, tuple[dict[str, str], set[str]]] = {
     "api.HANDOFF_TO_CORE": ({"event.ts.monotonic": D}, set()),
     "api.FIRST_RESPONSE_FROM_CORE": ({"event.ts.monotonic": D}, set()),
     "api.DEPARTED": ({"event.ts.monotonic": D}, set()),
+    "api.ABORTED": ({"event.ts.monotonic": D, "reason": S, "error": S}, {"error"}),
     "journey.QUEUED": (JOURNEY_COMMON, set()),
     "journey.SCHEDULED": ({**JOURNEY_COMMON, "schedule.kind": S}, set()),
     "journey.FIRST_TOKEN": (JOURNEY_COMMON, set()),
@@ -266,3 +267,30 @@ def test_fast_json_renderer_equals_sdk_encoding_and_keeps_dropped_counts():
     )
     assert fast.getvalue() == slow.getvalue()
     assert b'"droppedEventsCount"' in fast.getvalue()
+
+
+def test_aborts_and_preemptions_match_the_spec():
+    """Overload: client disconnects (api.ABORTED, FINISHED aborted) and PREEMPTED events."""
+    from simfleet_support import Captured
+
+    import simfleet
+
+    cap = Captured(
+        scenario="overload",
+        duration_s=6.0,
+        seed=4,
+        rates=simfleet.SampleRates(1.0, 0.1, 0.1, 10),
+        drain_s=10.0,
+    )
+    seen: collections.Counter[str] = collections.Counter()
+    for _scope, _res, sp in cap.spans():
+        for ev in sp.events:
+            _check_attrs(ev.name, ev.attributes, EVENT_ATTRS[ev.name])
+            seen[ev.name] += 1
+            if ev.name == "journey.FINISHED":
+                a = {kv.key: kv.value.string_value for kv in ev.attributes}
+                seen["status:" + a["finish.status"]] += 1
+    assert seen["api.ABORTED"] and seen["status:aborted"] and seen["journey.PREEMPTED"]
+    dec = Decoder()
+    for req in cap.requests:
+        assert dec.decode(req).rejected == 0
