@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from vllm_spans import journey_attrs, summary
 
 from receivers.otlp.decode import parse_json_request
 
@@ -62,47 +63,8 @@ def request(*scopes: tuple[str, list[dict[str, Any]]]) -> ExportTraceServiceRequ
     )
 
 
-def journey(kind: str = "QUEUED", **over: Any) -> tuple[str, dict[str, Any]]:
-    a: dict[str, Any] = {
-        "event.type": kind,
-        "ts.monotonic": 5000.003911206,
-        "ts.monotonic_ns": 5000003911206,
-        "scheduler.step": 1041,
-        "phase": "WAITING",
-        "prefill.done_tokens": 0,
-        "prefill.total_tokens": 40,
-        "decode.done_tokens": 0,
-        "decode.max_tokens": 3,
-        "num_preemptions": 0,
-    }
-    for k, v in over.items():
-        key = k.replace("__", ".")
-        if v is None:
-            a.pop(key, None)
-        else:
-            a[key] = v
-    return "journey." + kind, a
-
-
-def summary_attrs(step: int = 1042, **over: Any) -> dict[str, Any]:
-    a: dict[str, Any] = {
-        "step.id": step,
-        "step.ts_start_ns": 5000003998412,
-        "step.ts_end_ns": 5000004377901,
-        "step.duration_us": 379,
-        "queue.running_depth": 2,
-        "queue.waiting_depth": 0,
-        "batch.num_prefill_reqs": 1,
-        "batch.num_decode_reqs": 1,
-        "batch.scheduled_tokens": 25,
-        "batch.prefill_tokens": 24,
-        "batch.decode_tokens": 1,
-        "batch.num_finished": 0,
-        "batch.num_preempted": 0,
-        "kv.usage_gpu_ratio": 0.00146484375,
-        "kv.blocks_total_gpu": 8192,
-        "kv.blocks_free_gpu": 8180,
-    }
+def _override(a: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Apply ``key__part=value`` overrides (``.`` spelled ``__``); ``None`` removes a key."""
     for k, v in over.items():
         key = k.replace("__", ".")
         if v is None:
@@ -110,6 +72,18 @@ def summary_attrs(step: int = 1042, **over: Any) -> dict[str, Any]:
         else:
             a[key] = v
     return a
+
+
+def journey(kind: str = "QUEUED", **over: Any) -> tuple[str, dict[str, Any]]:
+    """A spec-shaped journey event (R1's QUEUED numbers), with overrides."""
+    return "journey." + kind, _override(
+        journey_attrs(kind, 5000003911206, 1041, "WAITING", 0, 0), over
+    )
+
+
+def summary_attrs(step: int = 1042, **over: Any) -> dict[str, Any]:
+    """A spec-shaped BATCH_SUMMARY (step 1042's numbers), with overrides."""
+    return _override(summary(step, 5000003998412, 5000004377901, 25, 24), over)
 
 
 def core_span(

@@ -38,7 +38,7 @@ class FixedIds(IdGenerator):
         return next(self._traces)
 
 
-def _journey(
+def journey_attrs(
     etype: str, mono_ns: int, step: int, phase: str, pd: int, dd: int, **extra: str
 ) -> dict[str, Any]:
     return {
@@ -136,12 +136,14 @@ def emit_engine(exporter: SpanExporter, resource: Resource) -> TracerProvider:
     )
     core.add_event(
         "journey.QUEUED",
-        _journey("QUEUED", 5000003911206, 1041, "WAITING", 0, 0),
+        journey_attrs("QUEUED", 5000003911206, 1041, "WAITING", 0, 0),
         1767225600003911540,
     )
     core.add_event(
         "journey.SCHEDULED",
-        _journey("SCHEDULED", 5000004212655, 1042, "PREFILL", 0, 0, **{"schedule.kind": "FIRST"}),
+        journey_attrs(
+            "SCHEDULED", 5000004212655, 1042, "PREFILL", 0, 0, **{"schedule.kind": "FIRST"}
+        ),
         1767225600004213010,
     )
     steps.add_event(
@@ -164,12 +166,14 @@ def emit_engine(exporter: SpanExporter, resource: Resource) -> TracerProvider:
     )
     core.add_event(
         "journey.FIRST_TOKEN",
-        _journey("FIRST_TOKEN", 5000028803559, 1042, "DECODE", 40, 1),
+        journey_attrs("FIRST_TOKEN", 5000028803559, 1042, "DECODE", 40, 1),
         1767225600028803910,
     )
     core.add_event(
         "journey.FINISHED",
-        _journey("FINISHED", 5000053398204, 1044, "DECODE", 40, 3, **{"finish.status": "length"}),
+        journey_attrs(
+            "FINISHED", 5000053398204, 1044, "DECODE", 40, 3, **{"finish.status": "length"}
+        ),
         1767225600053398560,
     )
     core.end(end_time=1767225600053421770)
