@@ -369,6 +369,142 @@ def coldstart(cfg: LearnersConfig, n_train: int, sigma: float) -> list[Check]:
     ]
 
 
+def _truth_beta(conf: dict[str, object], t_s: float) -> FloatArray:
+    """simfleet's true β at simulated time ``t_s`` (step or linear interpolation)."""
+    co = conf["coefficients"]
+    assert isinstance(co, dict)
+    pts = co["points"]
+    if co["interpolation"] == "linear" and len(pts) > 1:
+        ts = [p["t_s"] for p in pts]
+        return np.array(
+            [np.interp(t_s, ts, [p["beta"][i] for p in pts]) for i in range(len(TERM_NAMES))]
+        )
+    cur = pts[0]
+    for p in pts:
+        if p["t_s"] <= t_s:
+            cur = p
+    return np.asarray(cur["beta"], dtype=float)
+
+
+def simfleet_mode(cfg: LearnersConfig, scenario: str, duration: float, seed: int) -> list[Check]:
+    """The real pipeline: simfleet → OTLP decode → joiner → registry, against simfleet's truth."""
+    from learners.features.config import ServingConfig
+    from learners.features.observe import step_features
+    from learners.registry import LearnerRegistry
+    from receivers.joiner import Joiner, JoinerConfig
+    from receivers.observations import StepObservation
+    from receivers.otlp.decode import Decoder, decode_request
+    from simfleet import SampleRates, run
+
+    print(
+        f"\n== simfleet {scenario}: {duration:.0f} simulated s, seed {seed} (OTLP decode → joiner → registry)"
+    )
+    dec = Decoder()
+    batches: list[list[object]] = []
+
+    def sink(req: object) -> None:
+        batches.append(list(decode_request(req, dec).records))  # type: ignore[arg-type]
+
+    t0 = time.perf_counter()
+    res = run(
+        scenario,
+        duration,
+        seed,
+        trace_sinks=[sink],
+        rates=SampleRates(journey=1.0, step=1.0, rich=0.2, closure_interval=100),
+        drain_s=5.0,
+    )
+    t_sim = time.perf_counter() - t0
+    confs = {c["config_id"]: c for c in res.truth["configurations"]}
+    mono0 = res.truth["mono_start_ns"]
+    joiner = Joiner(JoinerConfig())
+    reg = LearnerRegistry(cfg)
+    configs: dict[str, ServingConfig] = {}
+    rows: dict[str, list[tuple[float, float, float, float, float]]] = {}
+    t0 = time.perf_counter()
+
+    def feed(obs_list: list[object]) -> None:
+        for obs in obs_list:
+            src = obs.source  # type: ignore[attr-defined]
+            sc = configs.get(src.id)
+            if sc is None:
+                sc = configs[src.id] = ServingConfig.from_resource(src)
+            scored = reg.learn(sc, obs)  # type: ignore[arg-type]
+            if not isinstance(obs, StepObservation) or not scored or sc.id not in confs:
+                continue
+            ls = reg.get(sc.id)
+            assert ls is not None and ls.basis is not None
+            x = step_features(obs, ls.basis, block_size=sc.block_size)
+            truth = float(x @ _truth_beta(confs[sc.id], (obs.start_mono_ns - mono0) / 1e9))
+            p = scored[0].predictions
+            rows.setdefault(sc.id, []).append(
+                (scored[0].y, truth, p["learned"], p["blis_default"], p["batch_refit"])
+            )
+
+    for b in batches:
+        feed(joiner.push_many(b))  # type: ignore[arg-type]
+    feed(joiner.flush())  # type: ignore[arg-type]
+    t_learn = time.perf_counter() - t0
+    checks: list[Check] = []
+    for cid, r in rows.items():
+        a = np.asarray(r)
+        y, truth = a[:, 0], a[:, 1]
+        sl = slice(500, len(y))
+        floor = ape(y, truth)[sl].mean()
+        ratios = {
+            k: ape(y, a[:, j])[sl].mean() / floor
+            for j, k in ((2, "learned"), (3, "blis_default"), (4, "batch_refit(1000,100)"))
+        }
+        snap = reg.snapshot(cid)
+        vb = snap.vectors["beta"]
+        tb = _truth_beta(confs[cid], duration)
+        ident = [
+            i
+            for i, ok in enumerate(vb.identified)
+            if ok and vb.std[i] <= 0.025 * max(vb.values[i], 1e-12)
+        ]
+        errs = {TERM_NAMES[i]: vb.values[i] / tb[i] - 1 for i in ident if tb[i] > 0}
+        print(
+            f"  {cid} ({len(y)} step observations; simfleet {t_sim:.1f} s, pipeline {t_learn:.1f} s): "
+            + "  ".join(f"{k} {v:.4f}" for k, v in ratios.items())
+            + f"  (MAPE/floor after 500 obs; floor {floor:.4f})"
+        )
+        print(
+            "    identified (σ/θ ≤ 2.5 %): "
+            + (", ".join(f"{k} {v * 100:+.2f}%" for k, v in errs.items()) or "none")
+        )
+        print(
+            "    all terms (value/truth, σ/θ): "
+            + ", ".join(
+                f"{TERM_NAMES[i]} {vb.values[i]:.3g}/{tb[i]:.3g} ({vb.std[i] / max(vb.values[i], 1e-12):.2f})"
+                for i in range(len(TERM_NAMES))
+            )
+        )
+        ta = confs[cid]["coefficients"]["points"][-1]["alpha"]
+        print(
+            f"    alpha learned {[round(v, 1) for v in snap.alpha]} truth {[round(v, 1) for v in ta]}"
+        )
+        checks.append(
+            Check(
+                f"simfleet {scenario} MAPE/floor after 500 obs",
+                ratios["learned"],
+                "≤ 1.03",
+                ratios["learned"] <= 1.03,
+            )
+        )
+        if errs:
+            worst = max(abs(v) for v in errs.values())
+            checks.append(
+                Check(
+                    f"simfleet {scenario} max β error on identified terms",
+                    worst,
+                    "≤ 0.05",
+                    worst <= 0.05,
+                )
+            )
+    return checks
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m bench learning", description=__doc__.splitlines()[0]
@@ -377,8 +513,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--sigma", type=float, default=0.03, help="log-normal step noise")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument(
-        "--scenario", choices=("all", "steady", "drift", "coldstart", "recovery"), default="all"
+        "--scenario",
+        choices=("all", "steady", "drift", "coldstart", "recovery", "simfleet"),
+        default="all",
+        help="'simfleet' runs the real pipeline on simfleet's steady and abrupt-drift scenarios",
     )
+    ap.add_argument("--sim-duration", type=float, default=120.0, help="simfleet simulated seconds")
     args = ap.parse_args(argv)
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     cfg = LearnersConfig()
@@ -394,6 +534,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         checks += drift(cfg, seeds, n, args.sigma)
     if args.scenario in ("all", "coldstart"):
         checks += coldstart(cfg, 1000 if args.quick else 2000, args.sigma)
+    if args.scenario == "simfleet":
+        for sc in ("steady", "abrupt-drift"):
+            checks += simfleet_mode(cfg, sc, args.sim_duration, 1)
     print(f"\n== summary ({time.perf_counter() - t0:.0f} s)")
     for c in checks:
         print(c.line())
