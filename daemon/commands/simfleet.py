@@ -26,6 +26,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--scenario", default="steady", choices=sorted(SCENARIOS))
     p.add_argument("--duration", type=float, default=60.0, metavar="SECONDS", help="simulated s")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--drain",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="simulated seconds to let in-flight requests finish after --duration",
+    )
     p.add_argument("--otlp-endpoint", metavar="HOST:PORT", help="send spans over OTLP")
     p.add_argument(
         "--otlp-protocol", default="grpc", choices=("grpc", "http/protobuf"), help="as vLLM"
@@ -103,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
             kv_topic=args.kv_topic,
             speed=args.speed,
             max_events=args.max_span_events,
+            drain_s=args.drain,
         )
         if args.truth:
             with open(args.truth, "w") as fh:
