@@ -481,6 +481,9 @@ class Engine:
     def _schedule(self, S: int) -> Batch:
         self.counter += 1
         n_step = self.counter
+        # stores planned in earlier steps are submitted with this step's batch (deferred,
+        # tagged with this step: spec §5.6); loads planned in this step go out with it too
+        deferred, self._pending_stores = self._pending_stores, []
         sc = self.sc
         bs = self.bs
         budget = sc.max_num_batched_tokens
@@ -670,9 +673,9 @@ class Engine:
             r.hwm = max(r.hwm, min(r.computed, r.prompt_len))
         b = Batch(n_step, entries, total, blis)
         b.dispatch_ns = t_after + 30 * US
-        # deferred stores are submitted when this step's batch starts on the workers
-        if self._pending_stores or self._pending_loads:
-            self._submit_transfers(b)
+        if deferred or self._pending_loads:
+            self._submit_transfers(b, deferred + self._pending_loads)
+            self._pending_loads = []
         if self.check:
             self._check_invariants(b)
         return b
@@ -725,9 +728,9 @@ class Engine:
         tr = Transfer(self._tid, r.internal_id, False, blocks, [], n_step, 0, r)
         self._pending_loads.append(tr)
 
-    def _submit_transfers(self, b: Batch) -> None:
+    def _submit_transfers(self, b: Batch, jobs: list[Transfer]) -> None:
         tp = max(1, self.sc.tp)
-        for tr in self._pending_stores + self._pending_loads:
+        for tr in jobs:
             tr.step = b.step if tr.store else tr.step
             tr.done_ns = b.dispatch_ns + self._kv_duration_ns(tr.store, tr.blocks, b.dispatch_ns)
             src, dst = ("GPU", "CPU") if tr.store else ("CPU", "GPU")
@@ -735,8 +738,6 @@ class Engine:
             b.worker_events.extend([ev] * tp)  # every TP worker reports it (spec §5.8)
             b.transfers.append(tr)
             self.num_transfers += 1
-        self._pending_stores = []
-        self._pending_loads = []
 
     def _completed_transfers(self, t: int) -> list[KVEvent]:
         out: list[KVEvent] = []

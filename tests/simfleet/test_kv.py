@@ -29,6 +29,8 @@ def test_offload_events_tp_copies_and_step_tags():
     assert [s for _t, s, _p, _src in sink.batches] == list(range(len(sink.batches)))
     load_commit: dict[str, int] = {}
     load_init: dict[str, int] = {}
+    store_commit: dict[str, list[int]] = collections.defaultdict(list)
+    store_init: dict[str, list[int]] = collections.defaultdict(list)
     durations = []
     started: dict[int, float] = {}
     cpu_stored = gpu_stored = 0
@@ -47,6 +49,8 @@ def test_offload_events_tp_copies_and_step_tags():
                     started[ev[1]] = raw[0]
                     if ev[3] == "CPU":
                         load_init[ev[2]] = ev[6]
+                    else:
+                        store_init[ev[2]].append(ev[6])
                 else:
                     assert ev[6] is True
                     durations.append((ev[1], raw[0] - started[ev[1]]))
@@ -54,6 +58,8 @@ def test_offload_events_tp_copies_and_step_tags():
                 continue
             if tag == "CacheLoadCommitted":
                 load_commit[ev[1]] = ev[4]
+            if tag == "CacheStoreCommitted":
+                store_commit[ev[1]].append(ev[4])
             if tag == "BlockStored":
                 if ev[6] == "CPU":
                     cpu_stored += 1
@@ -67,6 +73,10 @@ def test_offload_events_tp_copies_and_step_tags():
     assert load_commit, "no CPU-tier load happened"
     for rid, step in load_commit.items():
         assert load_init[rid] == step + 1  # committed while admitting in N, tagged N-1
+    assert store_commit
+    for rid, steps in store_commit.items():
+        # store planned in N is submitted with the next step's batch, tagged with it
+        assert all(i > c for c, i in zip(steps, store_init[rid], strict=False)), rid
     truth = res.truth["configurations"][0]
     assert truth["kv_bytes_per_block"] > 0
     assert res.engines[0].num_transfers == len(started)
