@@ -93,6 +93,7 @@ def main(argv: list[str]) -> int:
     d, seed = args.duration, args.seed
     modes = args.modes.split(",")
     rows: list[tuple[str, RunResult, float, str]] = []
+    full = partial(simfleet.run, "steady", d, seed, rates=RATES)
     with tempfile.TemporaryDirectory() as tmp:
         for mode in modes:
             note = ""
@@ -101,46 +102,22 @@ def main(argv: list[str]) -> int:
             elif mode == "file":
                 tp, kp = os.path.join(tmp, "t.jsonl"), os.path.join(tmp, "kv.jsonl")
                 with open(tp, "wb") as t, open(kp, "w") as k:
-                    r = _measure(
-                        mode,
-                        partial(
-                            simfleet.run, "steady", d, seed, rates=RATES, trace_out=t, kv_out=k
-                        ),
-                    )
+                    r = _measure(mode, partial(full, trace_out=t, kv_out=k))
                 note = f"{os.path.getsize(tp) / 1e6:.0f} MB traces, {os.path.getsize(kp) / 1e6:.0f} MB KV"
             elif mode == "otlp-grpc":
                 server, port, counter = _grpc_server()
                 try:
-                    r = _measure(
-                        mode,
-                        partial(
-                            simfleet.run,
-                            "steady",
-                            d,
-                            seed,
-                            rates=RATES,
-                            otlp_endpoint=f"http://127.0.0.1:{port}",
-                            otlp_protocol="grpc",
-                        ),
-                    )
+                    url = f"http://127.0.0.1:{port}"
+                    r = _measure(mode, partial(full, otlp_endpoint=url, otlp_protocol="grpc"))
                 finally:
                     server.stop(None)
                 note = f"{counter.requests} export requests"
             elif mode == "otlp-http":
                 srv, port, count = _http_server()
                 try:
-                    r = _measure(
-                        mode,
-                        partial(
-                            simfleet.run,
-                            "steady",
-                            d,
-                            seed,
-                            rates=RATES,
-                            otlp_endpoint=f"127.0.0.1:{port}",
-                            otlp_protocol="http/protobuf",
-                        ),
-                    )
+                    url = f"127.0.0.1:{port}"
+                    proto = "http/protobuf"
+                    r = _measure(mode, partial(full, otlp_endpoint=url, otlp_protocol=proto))
                 finally:
                     srv.shutdown()
                 note = f"{count[0]} export requests"
@@ -166,17 +143,9 @@ def main(argv: list[str]) -> int:
                 th = threading.Thread(target=recv, daemon=True)
                 th.start()
                 try:
-                    r = _measure(
-                        mode,
-                        partial(
-                            simfleet.run,
-                            "steady",
-                            d,
-                            seed,
-                            rates=simfleet.SampleRates(1.0, 0.0, 0.0, 100),
-                            kv_endpoint=f"tcp://127.0.0.1:{port}",
-                        ),
-                    )
+                    kv = f"tcp://127.0.0.1:{port}"
+                    no_spans = simfleet.SampleRates(1.0, 0.0, 0.0, 100)
+                    r = _measure(mode, partial(full, rates=no_spans, kv_endpoint=kv))
                 finally:
                     time.sleep(0.5)
                     stop.set()
