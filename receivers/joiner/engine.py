@@ -41,6 +41,7 @@ from receivers.records import BatchSummary, JourneyEvent, JourneyKind, RequestSn
 
 SCHED, QUEUED, COMPL = 0, 1, 2
 _CAL_KEEP = 512  # calibration deltas kept per anchor type (a rolling sample)
+_PURGE_STRIDE = 512  # steps between purges of expired step-indexed state
 
 
 @dataclass(slots=True)
@@ -115,6 +116,8 @@ class EngineState:
         self.max_step = 0
         self.recent_periods: deque[float] = deque(maxlen=64)
         self.max_duration_ns = 0
+        self.n_anchors = 0
+        self._purged_to = 0
 
     # ------------------------------------------------------------------ ingest
 
@@ -183,6 +186,7 @@ class EngineState:
             return
         d = self.anchors[typ]
         lst = d.get(ev.step)
+        self.n_anchors += 1
         if lst is None:
             d[ev.step] = [ev.mono_ns]
             self._first_sighting(ev.wall_ns, ev.step)
@@ -426,9 +430,15 @@ class EngineState:
                 h = step - 2
         if h > self.horizon:
             self.horizon = h
-            self._purge(h)
+            # purging walks every step-indexed dict: do it in strides, not on every step
+            if h - self._purged_to >= _PURGE_STRIDE:
+                self._purge(h)
 
     def _purge(self, h: int) -> None:
+        self._purged_to = h
+        self._purge_below(h)
+
+    def _purge_below(self, h: int) -> None:
         for n in [n for n in self.summaries if n < h]:
             del self.summaries[n]
             self.finalized.discard(n)
@@ -438,9 +448,12 @@ class EngineState:
         self.finalized = {n for n in self.finalized if n >= h}
         self.pending = [p for p in self.pending if p[1] >= h]
         heapq.heapify(self.pending)
-        for d in (self.snapshots, self.scheduled_ids, *self.anchors):
+        for d in (self.snapshots, self.scheduled_ids):
             for k in [k for k in d if k < h]:
                 del d[k]  # type: ignore[attr-defined]
+        for a in self.anchors:
+            for k in [k for k in a if k < h]:
+                self.n_anchors -= len(a.pop(k))
         self.cal.seen = {k for k in self.cal.seen if k[1] >= h}
         self.coverage = [c for c in self.coverage if c[1] >= h]
 
@@ -449,12 +462,12 @@ class EngineState:
         return {
             "step_summary": len(self.summaries),
             "step_snapshot": sum(len(d) for d in self.snapshots.values()),
-            "anchor": sum(len(v) for d in self.anchors for v in d.values()),
+            "anchor": self.n_anchors,
         }
 
     def enforce_caps(self) -> list[int]:
         """Drop the oldest steps beyond the configured caps; returns pending steps dropped."""
-        n_anchor_steps = sum(len(d) for d in self.anchors)
+        n_anchor_steps = len(self.anchors[0]) + len(self.anchors[1]) + len(self.anchors[2])
         over = max(
             len(self.summaries) - self.cfg.max_steps,
             n_anchor_steps - self.cfg.max_anchor_steps,

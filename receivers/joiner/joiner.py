@@ -28,9 +28,11 @@ from receivers.joiner.requests import CoreState, EntryKey, RequestEntry, build_o
 from receivers.observations import KVTransferObservation, Observation
 from receivers.records import (
     ApiEvent,
+    ApiKind,
     BatchSummary,
     CoreSpan,
     JourneyEvent,
+    JourneyKind,
     KVTransfer,
     Record,
     RequestSnapshot,
@@ -43,6 +45,8 @@ log = structlog.get_logger(__name__)
 
 SpanKey = tuple[bytes, bytes]
 _SWEEP_NS = 200_000_000  # sweep due work at most every 200 ms of data time
+_GAUGE_NS = 5_000_000_000  # refresh window gauges every 5 s of data time
+_TERMINAL = (ApiKind.DEPARTED, ApiKind.ABORTED)
 
 
 class Joiner:
@@ -72,12 +76,15 @@ class Joiner:
         self._max_wall = 0
         self._last_sweep = 0
         self._last_log = 0
+        self._last_gauges = 0
         self._logged: Counter[tuple[str, str, str]] = Counter()
         self._requests: dict[EntryKey, RequestEntry] = {}
         self._req_heap: list[tuple[int, EntryKey, str]] = []  # (deadline, key, clock src)
         self._done: dict[SpanKey, int] = {}  # tombstones: span key -> forget after (wall)
         self._ready: set[EntryKey] = set()  # complete but waiting for queue-state finality
         self._skip_span: SpanKey | None = None  # events of a duplicate span being skipped
+        # the span whose events are arriving now (they follow their span record)
+        self._cur: tuple[SpanKey, RequestEntry, CoreState | None, EngineState | None] | None = None
         self._pending_cov: list[tuple[EngineState, int, int]] = []
         self._kv_open: dict[kvmod.TransferKey, KVTransfer] = {}
         self._kv_done: dict[tuple[bool, kvmod.TransferKey], int] = {}
@@ -197,10 +204,12 @@ class Joiner:
 
     def _boundary(self) -> None:
         """The events of the previous span are all in: apply coverage, recheck waiters."""
-        if self._pending_cov:
-            for eng, a, b in self._pending_cov:
-                eng.add_coverage(a, b)
-            self._pending_cov.clear()
+        if not self._pending_cov:
+            return
+        for eng, a, b in self._pending_cov:
+            eng.add_coverage(a, b)
+        self._pending_cov.clear()
+        # only new coverage can make a waiting queue state final
         if self._ready:
             for key in sorted(self._ready):
                 entry = self._requests.get(key)
@@ -214,6 +223,7 @@ class Joiner:
 
     def _on_request_span(self, r: RequestSpan) -> None:
         self._boundary()
+        self._cur = None
         si = r.span
         key = (si.trace_id, si.span_id)
         self._see(si.source, si.end_wall_ns)
@@ -234,28 +244,34 @@ class Joiner:
                 return
             entry = self._new_entry(key, si.end_wall_ns, si.source.id)
         entry.api = r
+        self._cur = (key, entry, None, None)
         self._try_emit(entry)
 
     def _on_api_event(self, ev: ApiEvent) -> None:
         si = ev.span
         key = (si.trace_id, si.span_id)
-        if key == self._skip_span or key in self._done:
-            return
-        entry = self._requests.get(key)
-        if entry is None:
-            entry = self._new_entry(key, si.end_wall_ns, si.source.id)
-        if ev.kind not in entry.api_events:
-            entry.api_events[ev.kind] = ev
+        cur = self._cur
+        if cur is not None and cur[0] == key:
+            # the common case: events right after their span (already seen, not a duplicate)
+            entry = cur[1]
+        else:
+            if key == self._skip_span or key in self._done:
+                return
             self._see(si.source, ev.wall_ns)
-            if entry.api is not None and entry.cores:
+            entry = self._requests.get(key) or self._new_entry(key, si.end_wall_ns, si.source.id)
+        kind = ev.kind
+        if kind not in entry.api_events:
+            entry.api_events[kind] = ev
+            if kind in _TERMINAL and entry.api is not None and entry.cores:
                 self._try_emit(entry)
 
     def _on_core_span(self, r: CoreSpan) -> None:
         self._boundary()
+        self._cur = None
         si = r.span
         skey = (si.trace_id, si.span_id)
         self._see(si.source, si.end_wall_ns)
-        self._engine(si.source)
+        eng = self._engines.get(si.source.id) or self._engine(si.source)
         if skey in self._done:
             self._skip_span = skey
             self.metrics.outcome("request", "duplicate")
@@ -277,30 +293,34 @@ class Joiner:
         if core is None:
             core = entry.cores[si.span_id] = CoreState()
         core.span = r
+        self._cur = (skey, entry, core, eng)
         self._try_emit(entry)
 
     def _on_journey(self, ev: JourneyEvent) -> None:
         si = ev.span
         skey = (si.trace_id, si.span_id)
-        if skey == self._skip_span or skey in self._done:
-            return
-        self._see(si.source, ev.wall_ns)
-        eng = self._engines.get(si.source.id) or self._engine(si.source)
-        eng.see(ev.wall_ns)
-        key = (si.trace_id, si.parent_span_id)
-        entry = self._requests.get(key)
-        if entry is None:
-            entry = self._new_entry(key, si.end_wall_ns, si.source.id)
-        core = entry.cores.get(si.span_id)
-        if core is None:
-            core = entry.cores[si.span_id] = CoreState()
+        cur = self._cur
+        if cur is not None and cur[0] == skey:
+            _, entry, core, eng = cur
+            assert core is not None and eng is not None
+        else:
+            if skey == self._skip_span or skey in self._done:
+                return
+            self._see(si.source, ev.wall_ns)
+            eng = self._engines.get(si.source.id) or self._engine(si.source)
+            key = (si.trace_id, si.parent_span_id)
+            entry = self._requests.get(key) or self._new_entry(key, si.end_wall_ns, si.source.id)
+            core = entry.cores.get(si.span_id)
+            if core is None:
+                core = entry.cores[si.span_id] = CoreState()
         if core.add(ev):
             eng.add_anchor(ev)
-            if core.finished is not None and ev.kind is ev.kind.FINISHED:
+            if ev.kind is JourneyKind.FINISHED:
                 self._try_emit(entry)
 
     def _on_step_span(self, r: StepSpan) -> None:
         self._boundary()
+        self._cur = None
         si = r.span
         self._see(si.source, si.end_wall_ns)
         eng = self._engine(si.source)
@@ -318,7 +338,6 @@ class Joiner:
         si = s.span
         self._see(si.source, s.wall_ns)
         eng = self._engines.get(si.source.id) or self._engine(si.source)
-        eng.see(s.wall_ns)
         res = eng.add_summary(s)
         if res != "ok":
             self.metrics.outcome("step", res, "summary")
@@ -418,6 +437,7 @@ class Joiner:
         """Forget a request; remember its span keys to recognise redeliveries."""
         self._requests.pop(entry.key, None)
         self._ready.discard(entry.key)
+        self._cur = None  # later events of its spans are redeliveries
         forget = entry.deadline_wall + self._window_ns
         self._done[entry.key] = forget
         tid = entry.key[0]
@@ -566,7 +586,10 @@ class Joiner:
         self._expire_kv(self._kv_open, "expired", "no_completion")
         self._purge_kv_steps()
         self._expire_kv(self._kv_early, "unmatched", "no_initiation")
-        self._update_gauges()
+        if now is not None or self._max_wall - self._last_gauges >= _GAUGE_NS:
+            self._last_gauges = self._max_wall
+            self._update_gauges()
+        self.metrics.sync()
         self._log_summary()
 
     def _expire_dict(self, d: dict[Any, int]) -> None:
@@ -599,6 +622,7 @@ class Joiner:
             self.metrics.outcome("kv_transfer", outcome, why, len(drop))
 
     def _update_gauges(self) -> None:
+        self.metrics.sync()
         for kind, n in self.entries().items():
             self.metrics.entries(kind, n)
 

@@ -21,6 +21,10 @@ class JoinerMetrics:
     >>> m.outcome("step", "rejected", "empty_step")
     >>> m.outcomes[("step", "rejected")], m.reasons[("step", "rejected", "empty_step")]
     (1, 1)
+    >>> m.sync()
+    >>> m.registry.get_sample_value(
+    ...     "coeffd_join_outcomes_total", {"observation": "step", "outcome": "rejected"})
+    1.0
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -51,10 +55,17 @@ class JoinerMetrics:
         self._obs_children = {o: self.observations.labels(o) for o in OBSERVATIONS}
         self.outcomes: Counter[tuple[str, str]] = Counter()
         self.reasons: Counter[tuple[str, str, str]] = Counter()
+        self.observed: Counter[str] = Counter()
+        self._pushed_outcomes: Counter[tuple[str, str]] = Counter()
+        self._pushed_observed: Counter[str] = Counter()
 
     def outcome(self, observation: str, outcome: str, reason: str = "", n: int = 1) -> None:
-        """Count ``n`` join outcomes (``reason`` only goes to the summary log)."""
-        self._outcome_children[(observation, outcome)].inc(n)
+        """Count ``n`` join outcomes (``reason`` only goes to the summary log).
+
+        Counted in plain Python and pushed to Prometheus by :meth:`sync` (the joiner calls
+        it on every sweep): a prometheus-client ``inc`` takes a lock, which at 10⁵–10⁶
+        events/s is a visible share of the joiner's time.
+        """
         self.outcomes[(observation, outcome)] += n
         if reason:
             self.reasons[(observation, outcome, reason)] += n
@@ -62,8 +73,21 @@ class JoinerMetrics:
     def emitted(self, observation: str, n: int = 1) -> None:
         """Count ``n`` emitted observations (and ``joined`` outcomes)."""
         if n:
-            self._obs_children[observation].inc(n)
-            self.outcome(observation, "joined", n=n)
+            self.observed[observation] += n
+            self.outcomes[(observation, "joined")] += n
+
+    def sync(self) -> None:
+        """Push the counts accumulated since the last call to the Prometheus counters."""
+        for key, n in self.outcomes.items():
+            d = n - self._pushed_outcomes[key]
+            if d:
+                self._outcome_children[key].inc(d)
+                self._pushed_outcomes[key] = n
+        for key2, n in self.observed.items():
+            d = n - self._pushed_observed[key2]
+            if d:
+                self._obs_children[key2].inc(d)
+                self._pushed_observed[key2] = n
 
     def entries(self, kind: str, n: int) -> None:
         """Set the window gauge of ``kind``."""
