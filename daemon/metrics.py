@@ -39,6 +39,13 @@ class ReceiverMetrics:
             ["receiver"],
             registry=registry,
         )
+        self.dropped_upstream = Counter(
+            "coeffd_upstream_dropped_events_total",
+            "Span events the exporting SDK dropped before sending (droppedEventsCount; "
+            "more than OTEL_SPAN_EVENT_COUNT_LIMIT events on one span).",
+            ["receiver"],
+            registry=registry,
+        )
         self.requests = Counter(
             "coeffd_receiver_requests_total",
             "Export requests by outcome: ok, partial (some rejected), invalid, retry (full).",

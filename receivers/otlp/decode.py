@@ -104,6 +104,9 @@ class DecodeResult:
     reasons: Counter[str] = field(default_factory=Counter)
     ignored: int = 0
     rejected_spans: int = 0
+    #: Sum of the spans' ``dropped_events_count``: events the exporting SDK evicted
+    #: (more than 128 per span, spec §1.6). Not our loss, but worth an alert.
+    dropped_upstream: int = 0
 
     def merge(self, other: DecodeResult) -> None:
         """Add ``other`` into this result (used by replay to sum up a file)."""
@@ -112,6 +115,7 @@ class DecodeResult:
         self.reasons.update(other.reasons)
         self.ignored += other.ignored
         self.rejected_spans += other.rejected_spans
+        self.dropped_upstream += other.dropped_upstream
 
     def error_message(self) -> str:
         """A short human summary of the rejections, for OTLP ``error_message``."""
@@ -521,6 +525,8 @@ class Decoder:
                     try:
                         info = _span_info(span, scope, source)
                         out.append(span_parser(span, info))
+                        if info.dropped_events:
+                            res.dropped_upstream += info.dropped_events
                     except _Reject as e:
                         _reject_span(res, span, e.args[0])
                         continue

@@ -66,6 +66,7 @@ class Ingestor:
         self._decode_hist = metrics.decode_seconds.labels(receiver)
         self._requests = {o: metrics.requests.labels(receiver, o.value) for o in Outcome}
         self._ignored = metrics.events_ignored.labels(receiver)
+        self._dropped = metrics.dropped_upstream.labels(receiver)
 
     @classmethod
     def for_app(cls, app: App, receiver: str) -> Ingestor:
@@ -107,6 +108,17 @@ class Ingestor:
             return Ingested(Outcome.RETRY, res)
         if res.ignored:
             self._ignored.inc(res.ignored)
+        if res.dropped_upstream:
+            self._dropped.inc(res.dropped_upstream)
+            ok, suppressed = self.limiter.allow("dropped_upstream")
+            if ok:
+                log.warning(
+                    "exporter dropped span events (raise OTEL_SPAN_EVENT_COUNT_LIMIT)",
+                    receiver=self.receiver,
+                    dropped=res.dropped_upstream,
+                    peer=peer,
+                    suppressed=suppressed,
+                )
         if res.rejected:
             for reason, n in res.reasons.items():
                 self.metrics.events_rejected.labels(self.receiver, reason).inc(n)

@@ -11,7 +11,7 @@ import grpc
 import pytest
 from conftest import metric, scrape
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
-from otlp_builders import core_span, journey, request
+from otlp_builders import core_span, journey, request, step_span, summary_attrs
 
 from daemon.app import App
 
@@ -198,3 +198,16 @@ def test_http_deflate_accepted(app: App, wbits: int) -> None:
     assert code == 200
     assert app.pipeline.wait_idle(5)
     assert app.consumer.total == 2  # type: ignore[attr-defined]
+
+
+def test_upstream_dropped_events_counted(app: App) -> None:
+    req = request(("vllm.scheduler.step", [step_span(summary_attrs())]))
+    req.resource_spans[0].scope_spans[0].spans[0].dropped_events_count = 37
+    ch, stub = _stub(app)
+    with ch:
+        assert not stub.Export(req, timeout=5).HasField("partial_success")
+    assert app.pipeline.wait_idle(5)
+    records = app.consumer.records  # type: ignore[attr-defined]
+    assert records[0].span.dropped_events == 37
+    m = scrape(app)
+    assert metric(m, "coeffd_upstream_dropped_events_total", receiver="otlp_grpc") == 37
