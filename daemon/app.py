@@ -374,19 +374,23 @@ class App:
             self._started = True
         s = self.settings
         self.pipeline.start()
+        listener, endpoint = "", ""
         try:
             if s.http.enabled:
-                host, port = parse_endpoint(s.http.endpoint)
+                listener, endpoint = "http", s.http.endpoint
+                host, port = parse_endpoint(endpoint)
                 self._http = HttpServer(host, port, self.router, name="http")
                 self._http.start()
             if s.receivers.otlp_grpc.enabled:
+                listener, endpoint = "otlp_grpc", s.receivers.otlp_grpc.endpoint
                 self._grpc = OtlpGrpcReceiver(self)
                 self._grpc.start()
             if s.receivers.otlp_http.enabled:
+                listener, endpoint = "otlp_http", s.receivers.otlp_http.endpoint
                 self._otlp_http = OtlpHttpReceiver(self)
                 self._otlp_http.start()
         except OSError as e:
-            log.error("cannot start listener", error=str(e))
+            log.error("cannot start listener", listener=listener, endpoint=endpoint, error=str(e))
             self.stop()
             raise
         self.ready = True

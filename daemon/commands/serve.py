@@ -47,6 +47,5 @@ def run(args: argparse.Namespace) -> int:
     app = App(settings, consumer=build_consumer(settings, registry), registry=registry)
     try:
         return app.run()
-    except OSError as e:
-        log.error("cannot start", error=str(e))
+    except OSError:  # a listener could not bind; App.start logged which one
         return 1

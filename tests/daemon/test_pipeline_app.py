@@ -113,3 +113,25 @@ def test_request_helpers() -> None:
     m["Content-Type"] = "application/json"
     r = Request("GET", "/x", {}, m, b"")
     assert r.header("content-type") == "application/json" and r.header("X-Nope", "d") == "d"
+
+
+def test_bind_failure_raises_and_cleans_up() -> None:
+    import socket
+
+    import pytest
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        app = App(
+            Settings.model_validate(
+                {
+                    "receivers": {"otlp_grpc": {"enabled": False}, "otlp_http": {"enabled": False}},
+                    "http": {"endpoint": f"127.0.0.1:{port}"},
+                }
+            )
+        )
+        with pytest.raises(OSError):
+            app.start()
+    assert not app.ready and app.pipeline.closed and not app.pipeline.alive
