@@ -27,7 +27,11 @@ FILLER: Any = [object()] * 4  # occupies the tiny queue so that any real request
 
 @pytest.fixture
 def full_app() -> Iterator[App]:
-    a = App(make_settings(queue_capacity=5), consumer=CountingConsumer.keeping())
+    settings = make_settings(queue_capacity=5)
+    # 1 s keeps the exporter's 6 attempts spread over ~5 s, so a slow (loaded) test
+    # machine still resumes the worker before the SDK gives up.
+    settings.receivers.retry_after_seconds = 1.0
+    a = App(settings, consumer=CountingConsumer.keeping())
     a.start()
     a.pause()
     assert a.offer(FILLER, "test")
@@ -89,7 +93,7 @@ def test_grpc_unavailable_carries_retry_info(full_app: App) -> None:
     assert err.code() == grpc.StatusCode.UNAVAILABLE
     trailers = dict(err.trailing_metadata())
     info = error_details_pb2.RetryInfo.FromString(trailers["google.rpc.retryinfo-bin"])
-    assert (info.retry_delay.seconds, info.retry_delay.nanos) == (0, 200_000_000)
+    assert (info.retry_delay.seconds, info.retry_delay.nanos) == (1, 0)
     status = status_pb2.Status.FromString(trailers["grpc-status-details-bin"])
     assert status.code == grpc.StatusCode.UNAVAILABLE.value[0]
     assert status.details[0].Unpack(error_details_pb2.RetryInfo())
