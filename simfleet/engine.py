@@ -200,7 +200,8 @@ class Engine:
         self.record_steps = record_steps
         self.check = check_invariants
         self.steps: list[StepRecord] = []
-        self.finished_reqs: list[Req] = []
+        self.finished_reqs: list[Req] = []  # kept only with record_steps (memory)
+        self.num_finished = 0
         self.num_preemptions = 0
         self.num_aborted = 0
         self._now_api = t0_ns
@@ -826,7 +827,9 @@ class Engine:
         r.blocks = []
         self.finished_since += 1
         self.finished_pending = True
-        self.finished_reqs.append(r)
+        self.num_finished += 1
+        if self.record_steps:
+            self.finished_reqs.append(r)
         status = "stopped" if r.target_out < r.max_tokens else "length"
         self._journey(r, "FINISHED", t, step, finish_status=status)
         em = self.em

@@ -314,7 +314,7 @@ def run(
         sim_seconds=(sim_now - MONO_START_NS) / 1e9,
         wall_seconds=wall,
         steps=sum(e.counter for e in engines),
-        requests_finished=sum(len(e.finished_reqs) for e in engines),
+        requests_finished=sum(e.num_finished for e in engines),
         spans_summaries=sum(e.em.summaries for e in engines if e.em is not None),
     )
     log.info(
