@@ -1,11 +1,19 @@
 """OTLP ``ExportTraceServiceRequest`` → event records (spec ``vllm-telemetry.md`` §2).
 
 The decoder is the receivers' hot path: every span and event of every vLLM process
-passes through it. It therefore walks each attribute list exactly once, looking each key
-up in a per-record-kind table that says which slot of the record it fills and which
-type it must have, and converts values inline. Protobuf accessors on this path cost
-~100–200 ns each (one Python wrapper per access), so the number of accessor calls per
-attribute is what the code minimises, not lines.
+passes through it, and protobuf accessors cost ~100–200 ns each (one Python wrapper per
+access), so the number of accessor calls per attribute is what the code minimises:
+
+* requests are parsed into :data:`~receivers.otlp.fastproto.FastExportRequest`, a
+  wire-compatible twin whose ``attributes`` are protobuf maps, so each needed attribute
+  is one C lookup and unneeded ones cost nothing;
+* each span/event kind has a generated straight-line parser (:func:`_compile_parser`)
+  that reads exactly its keys, type-checks on the fast path with one accessor call, and
+  builds the record positionally;
+* a span's :class:`SpanInfo` and the resource's :class:`Source` are built once and
+  shared by all records of that span / resource.
+
+``python -m bench ingest`` measures it against a ``MessageToDict`` baseline.
 
 Bad input never raises out of this module: a span or event with a missing or mistyped
 required attribute, a non-finite number, or an absurd value (negative count, an integer
