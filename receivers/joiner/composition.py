@@ -8,6 +8,7 @@ reproduces the summary's totals exactly), the summary's totals alone.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from receivers.observations import BatchRequest, StepAggregates
 from receivers.records import BatchSummary, RequestSnapshot
@@ -110,3 +111,73 @@ def matches_aggregates(reqs: Sequence[BatchRequest], summary: BatchSummary) -> b
         len(reqs) == summary.num_prefill_reqs + summary.num_decode_reqs
         and sum(r.new_tokens for r in reqs) == summary.scheduled_tokens
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Life:
+    """The steps of one finished, journey-traced request (from its ``llm_core`` events).
+
+    ``first`` is the admission step (SCHEDULED FIRST), ``first_token`` the step whose
+    output produced the first token (= the last prefill step), ``last`` the last step the
+    request was scheduled in (FINISHED's step; one more with async scheduling for a
+    ``stopped`` request, whose next token was already scheduled when it stopped).
+    """
+
+    first: int
+    first_token: int | None
+    last: int
+    input_len: int
+    output_len: int
+    preempted: bool
+
+
+def life_request(life: Life, n: int) -> tuple[BatchRequest | None, bool]:
+    """The request's part in step ``n``: (known request, False), (request with unknown
+    ``new_tokens``, True), or (None, True) when it cannot be reconstructed.
+
+    Decode steps are exact (one token, ``progress = I + g - 1`` with ``g = n - f`` tokens
+    produced before). The admission step of a request is a prefill with ``progress = 0``
+    (BLIS convention) and an unknown token count (prefix-cache hits and chunking are not
+    in the journey); a later prefill chunk has an unknown progress too.
+    """
+    f = life.first_token
+    if life.preempted:
+        return None, True
+    if f is not None and n > f:
+        return BatchRequest(life.input_len, life.input_len + (n - f) - 1, 1, life.output_len), False
+    if n == life.first:
+        return BatchRequest(life.input_len, 0, 0, max(life.output_len, 1)), True
+    return None, True
+
+
+def from_lives(summary: BatchSummary, lives: Iterable[Life]) -> tuple[BatchRequest, ...] | None:
+    """Composition of step ``summary.step`` from the lives covering it, or None.
+
+    Accepted only if it reproduces the summary exactly: as many scheduled requests, and
+    the same total tokens with at most one request's count unknown (solved from the
+    total). Any untraced or still-running request makes the totals disagree.
+    """
+    n = summary.step
+    known: list[BatchRequest] = []
+    unknown: list[BatchRequest] = []
+    for life in lives:
+        if not (life.first <= n <= life.last):
+            continue
+        req, unk = life_request(life, n)
+        if req is None:
+            return None
+        (unknown if unk else known).append(req)
+    if len(known) + len(unknown) != summary.num_prefill_reqs + summary.num_decode_reqs:
+        return None
+    rest = summary.scheduled_tokens - sum(r.new_tokens for r in known)
+    if not unknown:
+        if rest != 0:
+            return None
+    elif len(unknown) == 1:
+        u = unknown[0]
+        if not 1 <= rest <= u.input_len:
+            return None
+        known.append(BatchRequest(u.input_len, u.progress, rest, u.output_len))
+    else:
+        return None
+    return tuple(sorted(known, key=lambda r: (r.input_len, r.progress, r.new_tokens)))

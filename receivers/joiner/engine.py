@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from receivers.joiner import intervals as iv
-from receivers.joiner.composition import aggregates_of, from_snapshots
+from receivers.joiner.composition import Life, aggregates_of, from_lives, from_snapshots
 from receivers.joiner.config import JoinerConfig
 from receivers.observations import (
     BatchRequest,
@@ -42,6 +42,7 @@ from receivers.records import BatchSummary, JourneyEvent, JourneyKind, RequestSn
 SCHED, QUEUED, COMPL = 0, 1, 2
 _CAL_KEEP = 512  # calibration deltas kept per anchor type (a rolling sample)
 _PURGE_STRIDE = 512  # steps between purges of expired step-indexed state
+_BUCKET_BITS = 6  # request lives are indexed by 64-step buckets
 
 
 @dataclass(slots=True)
@@ -118,6 +119,7 @@ class EngineState:
         self.max_duration_ns = 0
         self.n_anchors = 0
         self._purged_to = 0
+        self.lives: dict[int, list[Life]] = {}
 
     # ------------------------------------------------------------------ ingest
 
@@ -400,7 +402,43 @@ class EngineState:
             reqs = from_snapshots(s, snaps)
             if reqs is not None:
                 return Composition.SNAPSHOTS, reqs
+        lives = self.lives.get(n >> _BUCKET_BITS)
+        if lives:
+            reqs = from_lives(s, lives)
+            if reqs is not None:
+                return Composition.JOURNEYS, reqs
         return Composition.AGGREGATES, ()
+
+    def add_life(
+        self,
+        scheduled: JourneyEvent | None,
+        first_token: JourneyEvent | None,
+        finished: JourneyEvent,
+        preemptions: int,
+    ) -> None:
+        """Index a finished request's steps for journey-based batch composition."""
+        if scheduled is None:
+            return
+        last = finished.step
+        if finished.finish_status == "aborted":
+            # aborted from the input queue with the current counter: its last scheduled
+            # step is unknown
+            preemptions = max(preemptions, 1)
+        mode = self.mode()
+        if mode is None and finished.finish_status == "stopped":
+            preemptions = max(preemptions, 1)  # the extra async step is unknown: unusable
+        elif mode and finished.finish_status == "stopped":
+            last += 1
+        life = Life(
+            first=scheduled.step,
+            first_token=first_token.step if first_token is not None else None,
+            last=last,
+            input_len=finished.prefill_total_tokens,
+            output_len=finished.decode_done_tokens,
+            preempted=preemptions > 0,
+        )
+        for b in range(life.first >> _BUCKET_BITS, (last >> _BUCKET_BITS) + 1):
+            self.lives.setdefault(b, []).append(life)
 
     # --------------------------------------------------------------- window
 
@@ -455,6 +493,9 @@ class EngineState:
             for k in [k for k in a if k < h]:
                 self.n_anchors -= len(a.pop(k))
         self.cal.seen = {k for k in self.cal.seen if k[1] >= h}
+        hb = h >> _BUCKET_BITS
+        for b in [b for b in self.lives if b < hb]:
+            del self.lives[b]
         self.coverage = [c for c in self.coverage if c[1] >= h]
 
     def entries(self) -> dict[str, int]:
@@ -463,6 +504,7 @@ class EngineState:
             "step_summary": len(self.summaries),
             "step_snapshot": sum(len(d) for d in self.snapshots.values()),
             "anchor": self.n_anchors,
+            "request_life": sum(len(v) for v in self.lives.values()),
         }
 
     def enforce_caps(self) -> list[int]:

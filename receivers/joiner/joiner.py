@@ -316,6 +316,7 @@ class Joiner:
         if core.add(ev):
             eng.add_anchor(ev)
             if ev.kind is JourneyKind.FINISHED:
+                eng.add_life(core.scheduled_first, core.first_token, ev, core.max_preemptions)
                 self._try_emit(entry)
 
     def _on_step_span(self, r: StepSpan) -> None:
