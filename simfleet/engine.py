@@ -581,13 +581,14 @@ class Engine:
         # offload store planning (connector metadata): new full blocks go to the CPU tier
         if self.cpu_blocks:
             self._plan_stores(entries, n_step)
+        # scheduler CPU time (spec §2.4: "typically a few hundred µs", far below the period)
         dur_us = (
-            22.0
-            + 0.6 * len(running)
-            + 1.5 * len(entries)
-            + 18.0 * admitted
-            + 9.0 * preempted
-            + (12.0 if self.cpu_blocks else 0.0)
+            120.0
+            + 1.5 * len(running)
+            + 2.5 * len(entries)
+            + 45.0 * admitted
+            + 30.0 * preempted
+            + (60.0 if self.cpu_blocks else 0.0)
         ) * self._lognorm(0.15)
         E = max(tev + US, S + int(dur_us * US))
         self._last_start = S
