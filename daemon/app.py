@@ -272,9 +272,15 @@ class Pipeline:
                 self._depth = 0
                 self._cond.notify_all()
             self._thread.join(timeout=max(drain_timeout, 1.0))
+            stuck = self._thread.is_alive()
             self._thread = None
             if dropped:
                 log.warning("shutdown drain timed out; records dropped", dropped=dropped)
+            if stuck:
+                # The consumer is single-threaded by contract: closing it while the
+                # worker is still inside consume() could corrupt its state.
+                log.error("pipeline worker did not stop; consumer.close() skipped")
+                return False
         try:
             self.consumer.close()
         except Exception as e:
