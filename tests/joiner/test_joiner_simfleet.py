@@ -203,3 +203,30 @@ def test_kv_transfers_counted_once_per_tp_copy() -> None:
             for t in o.kv_transfers:
                 assert t.step == o.step
     assert msgspec.json.encode(obs)
+
+
+def test_alpha_targets_match_simfleet_truth() -> None:
+    """steady: α1 = FINISHED→DEPARTED and α2 = FIRST_TOKEN→FIRST_RESPONSE (streaming) are
+    the true α × log-normal noise; ARRIVED→QUEUED is α0 × noise plus the loop's
+    quantization wait (< one period)."""
+    import math
+
+    fr = run_fleet("steady", 15.0, seed=5, rates=SampleRates(1.0, 0.05, 0.0, 100))
+    _, out = _join(fr)
+    conf = fr.result.truth["configurations"][0]
+    a0, a1, a2 = conf["coefficients"]["points"][0]["alpha"]
+    band = math.exp(7 * conf["noise"]["alpha_sigma"])
+    reqs = {r.internal_id: r for r in fr.result.engines[0].finished_reqs}
+    obs = [o for o in out if isinstance(o, RequestObservation)]
+    assert len(obs) >= 0.9 * len(reqs) > 20
+    n_stream = 0
+    for o in obs:
+        r = reqs[o.request_id]
+        deliver_us = (r.deliver_ns - r.arr.t_ns) / 1e3
+        assert deliver_us - 0.01 <= o.arrival_to_queued_us <= deliver_us + 200_000
+        assert a0 / band <= deliver_us <= a0 * band
+        assert a1 / band <= o.finished_to_departed_us <= a1 * band
+        if o.first_token_to_response_us is not None:
+            n_stream += 1
+            assert a2 / band <= o.first_token_to_response_us <= a2 * band
+    assert n_stream > 0
