@@ -102,7 +102,8 @@ class Check:
     ok: bool
 
     def line(self) -> str:
-        return f"  [{'PASS' if self.ok else 'FAIL'}] {self.name}: {self.value:.4g} (target {self.target})"
+        tag = "INFO" if self.target.startswith("(info") else ("PASS" if self.ok else "FAIL")
+        return f"  [{tag}] {self.name}: {self.value:.4g} (target {self.target})"
 
 
 def _basis(model: str = "llama-3.1-8b-instruct", gpu: str = "H100", tp: int = 1) -> BlisBasis:
