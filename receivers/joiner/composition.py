@@ -83,22 +83,19 @@ def is_newly_admitted(snap: RequestSnapshot) -> bool:
 
 
 def from_snapshots(
-    summary: BatchSummary, snaps: Mapping[str, RequestSnapshot], scheduled_here: Iterable[str] = ()
+    summary: BatchSummary, snaps: Mapping[str, RequestSnapshot]
 ) -> tuple[BatchRequest, ...] | None:
     """Composition from snapshots, or None if they do not cover the running queue.
 
     Snapshots are complete when there is one per running request and their scheduled
     tokens add up to the summary's; a span that hit the 128-event limit loses some.
-    ``scheduled_here`` are request ids with a journey SCHEDULED in this step (a sure
-    sign of admission in this step).
     """
     if len(snaps) != summary.running_depth:
         return None
     if sum(s.scheduled_tokens for s in snaps.values()) != summary.scheduled_tokens:
         return None
-    admitted = set(scheduled_here)
     out = [
-        snapshot_request(s, rid in admitted or is_newly_admitted(s))
+        snapshot_request(s, is_newly_admitted(s))
         for rid, s in sorted(snaps.items())
         if s.scheduled_tokens > 0
     ]

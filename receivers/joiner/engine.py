@@ -109,7 +109,6 @@ class EngineState:
             {},
             {},
         )
-        self.scheduled_ids: dict[int, list[str]] = {}  # step -> request ids SCHEDULED there
         self.timeline: deque[tuple[int, int]] = deque()  # (wall ns, step) of first sightings
         self.horizon = 0  # steps below are gone
         self.coverage: list[list[int]] = []  # merged [start, end] of complete step spans
@@ -170,7 +169,6 @@ class EngineState:
         kind = ev.kind
         if kind is JourneyKind.SCHEDULED:
             typ = SCHED
-            self.scheduled_ids.setdefault(ev.step, []).append(ev.span.span_id.hex())
         elif kind is JourneyKind.PREEMPTED:
             # inside schedule(n) like SCHEDULED (a prefix-cache reset outside schedule()
             # is rare; a wrong anchor there makes the intersection empty, so it is rejected)
@@ -486,9 +484,8 @@ class EngineState:
         self.finalized = {n for n in self.finalized if n >= h}
         self.pending = [p for p in self.pending if p[1] >= h]
         heapq.heapify(self.pending)
-        for d in (self.snapshots, self.scheduled_ids):
-            for k in [k for k in d if k < h]:
-                del d[k]  # type: ignore[attr-defined]
+        for k in [k for k in self.snapshots if k < h]:
+            del self.snapshots[k]
         for a in self.anchors:
             for k in [k for k in a if k < h]:
                 self.n_anchors -= len(a.pop(k))

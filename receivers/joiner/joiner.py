@@ -339,9 +339,21 @@ class Joiner:
         si = s.span
         self._see(si.source, s.wall_ns)
         eng = self._engines.get(si.source.id) or self._engine(si.source)
+        if s.step < eng.horizon and s.wall_ns > self._wm[si.source.id] - self._window_ns // 2:
+            eng = self._restart(eng)
         res = eng.add_summary(s)
         if res != "ok":
             self.metrics.outcome("step", res, "summary")
+
+    def _restart(self, eng: EngineState) -> EngineState:
+        """A fresh summary below the horizon: the engine restarted under the same identity
+        (step ids start again at 1). Finish what the old incarnation left, start anew."""
+        for n in eng.drain_all():
+            self._finalize_step(eng, n)
+        log.info("joiner: engine restart detected", source=eng.source.id, max_step=eng.max_step)
+        new = self._engines[eng.source.id] = EngineState(eng.source, self.cfg)
+        self._kv_link = {k: v for k, v in self._kv_link.items() if v != eng.source.id}
+        return new
 
     def _on_snapshot(self, s: RequestSnapshot) -> None:
         si = s.span
