@@ -230,3 +230,35 @@ def test_alpha_targets_match_simfleet_truth() -> None:
             n_stream += 1
             assert a2 / band <= o.first_token_to_response_us <= a2 * band
     assert n_stream > 0
+
+
+def test_simfleet_deliveries_shuffled_and_duplicated() -> None:
+    """Real exports (OTLP + KV) reordered within a few seconds and partly resent."""
+    import random
+
+    fr = run_fleet("fleet", 3.0, seed=6, rates=SampleRates(1.0, 0.5, 0.1, 100))
+
+    def run(batches) -> dict:
+        j = Joiner(JoinerConfig(window_s=120))
+        out = []
+        for b in batches:
+            out += j.push_many(b)
+        out += j.flush()
+        return {
+            (
+                type(o).__name__,
+                o.source.id,
+                getattr(o, "step", None),
+                getattr(o, "request_id", None),
+                getattr(o, "transfer_id", None),
+            ): msgspec.json.encode(o)
+            for o in out
+        }
+
+    base = run(fr.batches)
+    assert len(base) > 100
+    rng = random.Random(1)
+    order = sorted(range(len(fr.batches)), key=lambda i: i + rng.uniform(0, 200))
+    shuffled = [fr.batches[i] for i in order]
+    shuffled += [b for b in fr.batches if rng.random() < 0.1]
+    assert run(shuffled) == base
