@@ -15,9 +15,16 @@ from simfleet.kv import KVEvent
 MASK64 = (1 << 64) - 1
 
 
+_ROOT = 0x9E3779B97F4A7C15  # parent of a first block (hash(None) is per-process in 3.11)
+
+
 def block_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
-    """Chained u64 hash of one full block (deterministic: int tuples are not salted)."""
-    return hash((parent, tokens)) & MASK64
+    """Chained u64 hash of one full block.
+
+    Deterministic across processes: tuples of ints hash without the per-process salt that
+    str/bytes get, and the missing parent is a constant rather than ``None``.
+    """
+    return hash((_ROOT if parent is None else parent, tokens)) & MASK64
 
 
 class BlockPool:

@@ -148,3 +148,31 @@ def test_truth_documents_configurations_and_change_points():
         co = t["configurations"][0]["coefficients"]
         assert co["interpolation"] == ("linear" if gradual else "step")
         assert co["change_points_s"] and co["points"][0]["beta"] != co["points"][-1]["beta"]
+
+
+def test_same_seed_byte_identical_across_processes(tmp_path):
+    """Another interpreter (other hash salt and addresses) writes the very same bytes."""
+    import subprocess
+    import sys
+
+    from daemon.cli import main
+
+    args = ["simfleet", "--scenario", "fleet", "--duration", "1", "--drain", "1", "--seed", "5"]
+    args += ["--sample-rates", "1,0.3,0.05"]
+    files = {}
+    for tag in ("here", "there"):
+        out = [
+            "--out",
+            str(tmp_path / f"{tag}.jsonl"),
+            "--kv-out",
+            str(tmp_path / f"{tag}.kv"),
+            "--truth",
+            str(tmp_path / f"{tag}.json"),
+        ]
+        if tag == "here":
+            assert main(args + out) == 0
+        else:
+            env = {"PYTHONHASHSEED": "12345", "PATH": "/usr/bin:/bin"}
+            subprocess.run([sys.executable, "-m", "daemon", *args, *out], check=True, env=env)
+        files[tag] = [(tmp_path / f"{tag}{ext}").read_bytes() for ext in (".jsonl", ".kv", ".json")]
+    assert files["here"] == files["there"]
