@@ -380,12 +380,12 @@ class LearnerSet:
         raw = m.coef
         values = m.nonnegative_coef() if blis else raw
         ident = m.identified(threshold)
-        # Terms the data cannot identify keep their prior value (never a data artefact).
-        if blis:
-            values = np.where(ident, values, np.maximum(prior, 0.0)) if name == "beta" else values
-            if not _publishable(values, len(m.features)):
-                _log.warning("invalid_vector_replaced_by_prior", config=self.config.id, vector=name)
-                values = np.maximum(np.nan_to_num(prior, nan=0.0, posinf=0.0), 0.0)
+        # Terms the data cannot identify already sit at their prior value in the fit (the
+        # prior is never forgotten, and an unexcited coefficient is decoupled from the data);
+        # they are not overwritten here, so the published vector is exactly the one scored.
+        if blis and not _publishable(values, len(m.features)):
+            _log.warning("invalid_vector_replaced_by_prior", config=self.config.id, vector=name)
+            values = np.maximum(np.nan_to_num(prior, nan=0.0, posinf=0.0), 0.0)
         target = {"beta": "step_period", "beta_extended": "step_period"}.get(name, name)
         source = "learned_extended" if name == "beta_extended" else "learned"
         mape = rmse = math.nan

@@ -10,7 +10,7 @@ import pytest
 
 from learners.config import LearnersConfig
 from learners.evaluation import REGIMES
-from learners.features import BLIS_DEFAULT_ALPHA, TERM_NAMES
+from learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA, TERM_NAMES
 from learners.features.config import ServingConfig
 from learners.registry import LearnerRegistry
 from learners.synthetic import TRUE_BETA
@@ -105,6 +105,9 @@ def test_steps_learn_and_snapshot_is_publishable() -> None:
     # Dense model at TP 1: TP communication, MoE and dispatch terms are unidentified.
     for name in ("T_tp_comm", "chi_L_moe", "T_moe_dispatch"):
         assert name in vb.unidentified
+        i = TERM_NAMES.index(name)  # ... and keeps its prior value (BLIS default here)
+        assert vb.values[i] == pytest.approx(BLIS_DEFAULT_BETA[i], rel=1e-9)
+        assert snap.beta[i] == vb.values[i]
     ident = [i for i, ok in enumerate(vb.identified) if ok]
     assert TERM_NAMES.index("T_dc_kv") in ident
     for i in ident:
