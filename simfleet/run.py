@@ -20,6 +20,7 @@ import structlog
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 
+from receivers.observations import BatchRequest
 from simfleet.config import EngineSpec, SampleRates
 from simfleet.emitter import Emitter
 from simfleet.engine import INF, Engine
@@ -78,6 +79,35 @@ def resource_attributes(spec: EngineSpec, process: str, index: int) -> dict[str,
     return attrs
 
 
+def term_structure(physics: Any) -> dict[str, Any]:
+    """Which basis terms a configuration can identify at all (for scoring learners).
+
+    ``zero``: terms whose basis is 0 for every batch here (e.g. TP comm at tp=1, MoE
+    dispatch at dp=1, χ·L_moe for non-interleaved models) — their β never matters.
+    ``constant``: terms whose basis is the same non-zero value for every batch (``L``,
+    ``1``, ``χ·L_moe``, ``T_weight``): only their weighted sum is identifiable, given as
+    ``constant_sum_us`` per coefficient point by ``truth_document``.
+    """
+    from learners.features import TERM_NAMES
+
+    if not isinstance(physics, BlisPhysics):
+        return {}
+    probes = [
+        [BatchRequest(512, 0, 512, 64)],
+        [BatchRequest(900, 900 + i * 7, 1, 300) for i in range(8)],
+        [BatchRequest(3000, 1024, 1024, 10), BatchRequest(200, 230, 1, 100)],
+    ]
+    rows = [[float(x) for x in physics.terms(b)] for b in probes]
+    zero = [TERM_NAMES[i] for i in range(len(TERM_NAMES)) if all(r[i] == 0 for r in rows)]
+    const = [
+        TERM_NAMES[i]
+        for i in range(len(TERM_NAMES))
+        if rows[0][i] != 0 and all(r[i] == rows[0][i] for r in rows)
+    ]
+    values = {TERM_NAMES[i]: rows[0][i] for i in range(len(TERM_NAMES)) if TERM_NAMES[i] in const}
+    return {"names": list(TERM_NAMES), "zero": zero, "constant": const, "constant_values": values}
+
+
 def config_id(resource: dict[str, Any]) -> str:
     """The project's configuration id for these resource attributes (learners.features)."""
     from learners.features.config import ServingConfig
@@ -122,6 +152,13 @@ def truth_document(
             d["kv_bytes_per_us"] = list(p.kv_bytes_per_us)
             points.append(d)
         resource = resource_attributes(spec, "engine_core", i)
+        terms = term_structure(eng.physics)
+        for d in points:
+            if terms:
+                cv = terms["constant_values"]
+                d["constant_sum_us"] = sum(
+                    d["beta"][terms["names"].index(k)] * v for k, v in cv.items()
+                )
         confs.append(
             {
                 "engine": spec.name,
@@ -133,6 +170,7 @@ def truth_document(
                     for k, v in asdict(spec.workload).items()
                 },
                 "physics": "blis" if isinstance(eng.physics, BlisPhysics) else "provisional",
+                "terms": terms,
                 "kv_bytes_per_block": eng.kv_block_bytes,
                 "coefficients": {
                     "interpolation": "linear" if spec.truth.gradual else "step",

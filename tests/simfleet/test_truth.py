@@ -141,6 +141,12 @@ def test_truth_documents_configurations_and_change_points():
         for p in c["coefficients"]["points"]:
             assert all(b >= 0 for b in p["beta"]) and all(a > 0 for a in p["alpha"])
         assert c["resource"]["coeffd.engine"] == c["engine"]
+        terms = c["terms"]
+        assert {"L", "one"} <= set(terms["constant"])  # only their weighted sum counts
+        if c["serving"]["tp"] == 1:
+            assert "T_tp_comm" in terms["zero"]
+        if c["serving"]["dp"] == 1:
+            assert "T_moe_dispatch" in terms["zero"]
     betas = {tuple(c["coefficients"]["points"][0]["beta"]) for c in confs}
     assert len(betas) >= 6  # distinguishable per configuration
     for name, gradual in (("abrupt-drift", False), ("gradual-drift", True)):
