@@ -108,6 +108,7 @@ class Workload:
     max_model_len: int = 8192
     abort_fraction: float = 0.0  # requests whose client disconnects if not done in time
     abort_patience_s: float = 20.0  # mean patience (exponential, + 1 s) of those clients
+    no_terminal_fraction: float = 0.0  # llm_request spans ended by cleanup only (spec §2.2)
     rate_schedule: tuple[tuple[float, float], ...] = ()
 
 

@@ -92,6 +92,11 @@ class Emitter:
         if span.is_recording():  # an aborted request's span is already ended
             span.add_event(name, {"event.ts.monotonic": t_ns / 1e9}, timestamp=self.wall(t_ns))
 
+    def api_cleanup(self, span: Span, t_ns: int) -> None:
+        """The finalizer's cleanup-only call: span end with no terminal event."""
+        if span.is_recording():
+            span.end(end_time=self.wall(t_ns))
+
     def api_aborted(self, span: Span, t_ns: int, reason: str) -> None:
         """``api.ABORTED`` (``reason``; no ``error`` for a disconnect), span end."""
         if not span.is_recording():

@@ -849,7 +849,13 @@ class Engine:
                 self._later(
                     t_first, partial(em.api_event, span, "api.FIRST_RESPONSE_FROM_CORE", t_first)
                 )
-            self._later(t_dep, partial(em.api_departed, span, t_dep, r.num_out if chat else None))
+            wl = self.spec.workload
+            if wl.no_terminal_fraction > 0 and self._ids.random() < wl.no_terminal_fraction:
+                # the cleanup path ends the span without DEPARTED or ABORTED
+                self._later(t_dep, partial(em.api_cleanup, span, t_dep))
+            else:
+                tokens = r.num_out if chat else None
+                self._later(t_dep, partial(em.api_departed, span, t_dep, tokens))
 
     def _journey(
         self,

@@ -201,6 +201,7 @@ def overload(duration_s: float) -> list[EngineSpec]:
                 prefix_share=0.3,
                 abort_fraction=0.15,  # impatient clients give up on long queues
                 abort_patience_s=8.0,
+                no_terminal_fraction=0.05,
             ),
         )
     ]

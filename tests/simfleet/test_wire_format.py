@@ -277,13 +277,16 @@ def test_aborts_and_preemptions_match_the_spec():
 
     cap = Captured(
         scenario="overload",
-        duration_s=6.0,
+        duration_s=10.0,
         seed=4,
         rates=simfleet.SampleRates(1.0, 0.1, 0.1, 10),
         drain_s=10.0,
     )
     seen: collections.Counter[str] = collections.Counter()
     for _scope, _res, sp in cap.spans():
+        names = {ev.name for ev in sp.events}
+        if sp.name == "llm_request" and not names & {"api.DEPARTED", "api.ABORTED"}:
+            seen["no_terminal"] += 1
         for ev in sp.events:
             _check_attrs(ev.name, ev.attributes, EVENT_ATTRS[ev.name])
             seen[ev.name] += 1
@@ -291,6 +294,7 @@ def test_aborts_and_preemptions_match_the_spec():
                 a = {kv.key: kv.value.string_value for kv in ev.attributes}
                 seen["status:" + a["finish.status"]] += 1
     assert seen["api.ABORTED"] and seen["status:aborted"] and seen["journey.PREEMPTED"]
+    assert seen["no_terminal"]  # cleanup-only ends (spec §2.2)
     dec = Decoder()
     for req in cap.requests:
         assert dec.decode(req).rejected == 0
