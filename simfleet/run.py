@@ -169,7 +169,9 @@ def truth_document(
                     k: (list(v) if isinstance(v, tuple) else v)
                     for k, v in asdict(spec.workload).items()
                 },
-                "physics": "blis" if isinstance(eng.physics, BlisPhysics) else "provisional",
+                "physics": "blis"
+                if isinstance(eng.physics, BlisPhysics)
+                else type(eng.physics).__name__,
                 "terms": terms,
                 "kv_bytes_per_block": eng.kv_block_bytes,
                 "coefficients": {
