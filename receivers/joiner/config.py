@@ -78,10 +78,12 @@ class JoinerConfig(BaseModel):
         "(an idle gap or stall hidden between two anchors).",
     )
     max_uncertainty_fraction: float = Field(
-        default=0.15,
+        default=0.05,
         gt=0,
         description="Reject an anchor-reconstructed period whose half-width exceeds this "
-        "fraction of the period.",
+        "fraction of the period. Before the anchor offsets are calibrated (a few minutes at "
+        "vLLM's default 1 % step sampling) the prior bounds are ~1 ms wide, so this keeps "
+        "uncalibrated, up-to-10 %-off periods away from the learners.",
     )
     loop_jitter_us: float = Field(
         default=100.0,

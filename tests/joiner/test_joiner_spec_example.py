@@ -68,7 +68,8 @@ def test_period_from_consecutive_summaries_sync_attribution() -> None:
 def test_async_inferred_and_attributed_to_next_interval() -> None:
     """FIRST_TOKEN(1042) falls after E(1043): async. Batch 1042 then owns
     [S(1043), S(1044)], with S(1044) pinned by that FIRST_TOKEN."""
-    out = _run(JoinerConfig(warmup_steps=0), _batches())
+    # uncalibrated prior bounds: ~8 % half-width, above the default 5 % acceptance
+    out = _run(JoinerConfig(warmup_steps=0, max_uncertainty_fraction=0.15), _batches())
     (step,) = [o for o in out if isinstance(o, StepObservation)]
     assert step.async_scheduling is True
     assert round(step.loop_period_us / 1e3, 3) == 12.504  # the raw loop period is kept
