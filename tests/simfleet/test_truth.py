@@ -29,6 +29,17 @@ def test_same_seed_byte_identical_different_seed_differs():
     assert a[0] != c[0] and a[1] != c[1]
 
 
+def _beta_at(co: dict, t_s: float) -> list[float]:
+    """True β at ``t_s`` from the truth document (step or linear interpolation)."""
+    pts = co["points"]
+    i = max(k for k, p in enumerate(pts) if p["t_s"] <= t_s or k == 0)
+    if co["interpolation"] != "linear" or i + 1 >= len(pts):
+        return pts[i]["beta"]
+    a, b = pts[i], pts[i + 1]
+    w = (t_s - a["t_s"]) / (b["t_s"] - a["t_s"])
+    return [x + (y - x) * w for x, y in zip(a["beta"], b["beta"], strict=True)]
+
+
 def _period_log_ratios(captured, lag: int) -> list[float]:
     """log(observed period / true step time) per step, from the emitted telemetry only.
 
@@ -37,7 +48,6 @@ def _period_log_ratios(captured, lag: int) -> list[float]:
     from the project's basis with the β in force at ``S(N)`` (truth points, step form).
     """
     conf = captured.result.truth["configurations"][0]
-    points = conf["coefficients"]["points"]
     mono0 = captured.result.truth["mono_start_ns"]
     sv = conf["serving"]
     basis = BlisBasis(MODELS[sv["model"]], load_hardware(sv["gpu"]), sv["tp"])
@@ -58,8 +68,7 @@ def _period_log_ratios(captured, lag: int) -> list[float]:
     for n, reqs in batch.items():
         a, b = n + lag - 1, n + lag
         if a in start and b in start and (lag == 1 or a in batch):
-            t_s = (start[n] - mono0) / 1e9
-            beta = [p for p in points if p["t_s"] <= t_s][-1]["beta"]
+            beta = _beta_at(conf["coefficients"], (start[n] - mono0) / 1e9)
             observed = (start[b] - start[a]) / 1000
             logs.append(math.log(observed / basis.step_time(beta, reqs)))
     return logs
@@ -78,17 +87,17 @@ def test_periods_match_true_beta_within_noise(steady_full):
     _assert_within_noise(_period_log_ratios(steady_full, lag=2), sigma)
 
 
-def test_periods_follow_abrupt_drift_and_sync_scheduling():
+def test_periods_follow_drift_and_sync_scheduling():
     import simfleet
     from simfleet.scenarios import build
 
     full = dict(
         rates=simfleet.SampleRates(1.0, 1.0, 1.0, 10), max_events=100_000, drain_s=5.0, seed=3
     )
-    drift = Captured(scenario="abrupt-drift", duration_s=6.0, **full)
-    sigma = drift.result.truth["configurations"][0]["noise"]["sigma"]
-    logs = _period_log_ratios(drift, lag=2)
-    _assert_within_noise(logs, sigma)
+    for name in ("abrupt-drift", "gradual-drift"):
+        drift = Captured(scenario=name, duration_s=6.0, **full)
+        sigma = drift.result.truth["configurations"][0]["noise"]["sigma"]
+        _assert_within_noise(_period_log_ratios(drift, lag=2), sigma)
     spec = build("steady", 1.0)[0]
     sync = replace(spec, serving=replace(spec.serving, async_scheduling=False))
     cap = Captured(scenario=[sync], duration_s=4.0, **full)
