@@ -214,7 +214,7 @@ class Joiner:
             for key in sorted(self._ready):
                 entry = self._requests.get(key)
                 if entry is not None:
-                    self._try_emit(entry, final_only=True)
+                    self._try_emit(entry)
             self._ready = {
                 k for k in self._ready if k in self._requests and self._waiting(self._requests[k])
             }
@@ -416,7 +416,7 @@ class Joiner:
         n = entry.api.n if entry.api is not None else None
         return n if n is not None and n > 1 else 1
 
-    def _try_emit(self, entry: RequestEntry, final_only: bool = False) -> None:
+    def _try_emit(self, entry: RequestEntry) -> None:
         """Emit the observation of every finished core whose queue state is final."""
         if not entry.api_done():
             return
