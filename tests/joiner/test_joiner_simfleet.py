@@ -186,7 +186,7 @@ def test_default_rates_match_truth_and_use_the_anchors(
 
 def test_kv_transfers_counted_once_per_tp_copy() -> None:
     fr = run_fleet("fleet", 4.0, seed=3, rates=SampleRates(1.0, 1.0, 0.0, 100))
-    _, out = _join(fr)
+    j, out = _join(fr)
     kv_recs = [r for b in fr.batches for r in b if isinstance(r, KVTransfer)]
     if not kv_recs:
         pytest.skip("no offloading engine in this fleet run")
@@ -195,6 +195,10 @@ def test_kv_transfers_counted_once_per_tp_copy() -> None:
     keys = [(o.source.id, o.dp_rank, o.transfer_id) for o in obs]
     assert len(keys) == len(set(keys))  # TP copies counted once
     assert set(keys) <= logical
+    # every transfer that completed within the run is paired (in-flight ones at the end
+    # are not), and none completes before it starts
+    assert len(keys) >= 0.9 * len(logical)
+    assert j.metrics.reasons[("kv_transfer", "rejected", "negative_duration")] == 0
     for o in obs:
         assert o.duration_us >= 0 and o.bytes is None and o.block_count > 0
     # transfers attached to a step observation belong to that step
