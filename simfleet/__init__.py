@@ -7,6 +7,11 @@ In-process API::
               rates=SampleRates(1.0, 1.0, 0.01, 100))
     res.truth  # ground truth (see ``simfleet.run.truth_document``)
 
+    # embedded in a daemon: live OTLP/ZMQ at real time, stoppable
+    th, stop, result = run_in_thread("fleet", 3600, 1, speed=1.0,
+                                     otlp_endpoint="127.0.0.1:4317",
+                                     kv_endpoint="tcp://127.0.0.1:5557")
+
 CLI: ``coeffd simfleet --scenario steady --duration 60 --seed 1 --out traces.jsonl``.
 """
 
@@ -22,7 +27,7 @@ from simfleet.config import (
     Workload,
 )
 from simfleet.kv import KVJsonlWriter, MemoryKVSink, read_kv_jsonl
-from simfleet.run import RunResult, resource_attributes, run, write_truth
+from simfleet.run import RunResult, resource_attributes, run, run_in_thread, write_truth
 from simfleet.scenarios import SCENARIOS, build
 
 __all__ = [
@@ -43,5 +48,6 @@ __all__ = [
     "read_kv_jsonl",
     "resource_attributes",
     "run",
+    "run_in_thread",
     "write_truth",
 ]

@@ -370,6 +370,22 @@ def run(
     return res
 
 
+def run_in_thread(
+    scenario: str | Sequence[EngineSpec], duration_s: float, seed: int = 0, **kw: Any
+) -> tuple[threading.Thread, threading.Event, list[RunResult]]:
+    """Start ``run`` in a daemon thread (for ``coeffd demo``); returns the thread, the
+    event that stops it early, and a list that receives the ``RunResult``."""
+    stop = threading.Event()
+    out: list[RunResult] = []
+
+    def target() -> None:
+        out.append(run(scenario, duration_s, seed, stop=stop, **kw))
+
+    th = threading.Thread(target=target, name="simfleet", daemon=True)
+    th.start()
+    return th, stop, out
+
+
 def write_truth(truth: dict[str, Any], fh: IO[str]) -> None:
     """Ground-truth JSON (stable key order, so same seed ⇒ same bytes)."""
     json.dump(truth, fh, indent=2, sort_keys=True)

@@ -42,3 +42,12 @@ def test_cli_writes_traces_kv_and_truth(tmp_path):
 def test_cli_rejects_bad_sample_rates(tmp_path, capsys):
     assert main(["simfleet", "--out", str(tmp_path / "x"), "--sample-rates", "1,2"]) == 2
     assert main(["simfleet"]) == 2  # nothing to emit
+
+
+def test_run_in_thread_stops_early():
+    import simfleet
+
+    th, stop, out = simfleet.run_in_thread("steady", 3600.0, 1, speed=50.0, telemetry=False)
+    stop.set()
+    th.join(timeout=60)
+    assert not th.is_alive() and out and out[0].sim_seconds < 3600
