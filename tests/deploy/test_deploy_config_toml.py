@@ -51,6 +51,15 @@ def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
+    """What TOML can carry: a null in the values means "key absent"."""
+    return {k: _drop_none(v) if isinstance(v, dict) else v for k, v in d.items() if v is not None}
+
+
+def _expected(settings: dict[str, Any], mode: str) -> dict[str, Any]:
+    return {**_drop_none(settings), "mode": mode}
+
+
 def _load(toml_text: str, tmp_path: Path) -> Settings:
     path = tmp_path / "config.toml"
     path.write_text(toml_text)
@@ -72,7 +81,8 @@ def test_values_document_every_setting() -> None:
     chart_flat = _flatten(DEFAULTS)
     daemon_flat = _flatten(daemon)
     assert set(chart_flat) <= set(daemon_flat), set(chart_flat) - set(daemon_flat)
-    chart_differs = {("log", "format")}  # JSON logs in a cluster, not "auto"
+    # JSON logs in a cluster, not "auto"; data on the mounted volume, not relative to CWD
+    chart_differs = {("log", "format"), ("publish", "snapshot_dir"), ("state", "state_dir")}
     for key, value in chart_flat.items():
         if key[:2] not in chart_differs:
             assert daemon_flat[key] == value, key
@@ -98,7 +108,7 @@ def test_fleet_configmap_loads_with_daemon_settings(
     overrides: dict[str, Any], tmp_path: Path
 ) -> None:
     text = config_toml(manifests(render(CHART, {"settings": overrides})))
-    wanted = _merge(DEFAULTS, overrides)
+    wanted = _expected(_merge(DEFAULTS, overrides), "standalone")
     assert tomllib.loads(text) == wanted
     settings = _load(text, tmp_path)
     assert _subset(settings.model_dump(), wanted) == wanted
@@ -134,9 +144,11 @@ def test_sidecar_configmap_identity_and_localhost(tmp_path: Path) -> None:
     text = config_toml(manifests(render(CHART, values)))
     data = tomllib.loads(text)
     # what the values asked for, with the OTLP receivers pinned to localhost
-    wanted = _merge(DEFAULTS, {"configuration": IDENTITY})
+    wanted = _expected(_merge(DEFAULTS, {"configuration": IDENTITY}), "sidecar")
     wanted["receivers"]["otlp_grpc"]["endpoint"] = "127.0.0.1:4317"
     wanted["receivers"]["otlp_http"]["endpoint"] = "127.0.0.1:4318"
+    # vLLM publishes KV events on tcp://*:5557 (+ DP rank); the sidecar subscribes locally
+    wanted["kv"]["endpoints"] = ["tcp://127.0.0.1:5557"]
     assert data == wanted
     # the identity is a valid ConfigurationSettings (the daemon's [configuration] model)
     ident = ConfigurationSettings(**data["configuration"])

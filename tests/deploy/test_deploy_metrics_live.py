@@ -3,7 +3,7 @@ the daemon really exports.
 
 A real daemon is started (``python -m daemon serve``) with the config.toml the chart
 renders (the fleet ConfigMap, ports moved to free localhost ports), fed a short
-``coeffd simfleet`` run over OTLP/gRPC when that command exists, and scraped over HTTP;
+``coeffd simfleet`` run (OTLP/gRPC spans + ZMQ KV events) when that command exists, and scraped over HTTP;
 the scrape is parsed with ``prometheus_client.parser``.
 
 Two paths (the test reports which one ran, as a warning and a junit property):
@@ -122,7 +122,7 @@ def _events_received(base: str) -> float:
 
 @pytest.fixture(scope="module")
 def scrape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Scrape, str]]:
-    grpc, http_otlp, http = _free_ports(3)
+    grpc, http_otlp, http, kv = _free_ports(4)
     values = {
         "settings": {
             "log": {"format": "json"},
@@ -131,6 +131,8 @@ def scrape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Scrape, s
                 "otlp_http": {"endpoint": f"127.0.0.1:{http_otlp}"},
             },
             "http": {"endpoint": f"127.0.0.1:{http}"},
+            # fan-in: coeffd binds, simfleet's engines connect (vLLM's non-wildcard rule)
+            "kv": {"endpoints": [f"tcp://127.0.0.1:{kv}"], "bind": True},
         }
     }
     cfg = tmp_path_factory.mktemp("coeffd") / "config.toml"
@@ -163,6 +165,8 @@ def scrape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Scrape, s
                     "20",
                     "--otlp-endpoint",
                     f"127.0.0.1:{grpc}",
+                    "--kv-endpoint",
+                    f"tcp://127.0.0.1:{kv}",
                 ],
                 cwd=REPO,
                 env=_clean_env(),

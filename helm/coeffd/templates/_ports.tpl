@@ -12,6 +12,15 @@ they live.
 {{/* settings as the daemon must see them in this mode (YAML; read back with fromYaml). */}}
 {{- define "coeffd.effectiveSettings" -}}
 {{- $s := deepCopy .values.settings -}}
+{{- $_ := set $s "mode" (ternary "sidecar" "standalone" (eq .values.mode "sidecar")) -}}
+{{- if and (eq .values.mode "sidecar") .values.sidecar.vllm.kvEvents (not ($s.kv | default dict).endpoints) -}}
+{{- $kvPort := int64 (regexReplaceAll "^.*:" .values.sidecar.vllm.kvEventsEndpoint "") -}}
+{{- $endpoints := list -}}
+{{- range $rank := until (int (.values.settings.configuration.dp | default 1)) -}}
+{{- $endpoints = append $endpoints (printf "tcp://127.0.0.1:%d" (add $kvPort $rank)) -}}
+{{- end -}}
+{{- $_ := set $s "kv" (merge (dict "endpoints" $endpoints) ($s.kv | default dict)) -}}
+{{- end -}}
 {{- if and (eq .values.mode "sidecar") .values.sidecar.localhostOnly -}}
 {{- $_ := set $s.receivers.otlp_grpc "endpoint" (printf "127.0.0.1:%s" (include "coeffd.port.otlpGrpc" .)) -}}
 {{- $_ := set $s.receivers.otlp_http "endpoint" (printf "127.0.0.1:%s" (include "coeffd.port.otlpHttp" .)) -}}
