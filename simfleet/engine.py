@@ -204,7 +204,10 @@ class Engine:
         self.num_finished = 0
         self.num_preemptions = 0
         self.num_aborted = 0
-        self._now_api = t0_ns
+        self._now_api = t0_ns  # time of the API activity being run (abort timestamps)
+        self._last_start = t0_ns  # S, E and preemptions of the latest schedule()
+        self._last_end = t0_ns
+        self._last_preempted = 0
         self.num_arrivals = 0
         self.num_transfers = 0
         self.shutdown_done = False
