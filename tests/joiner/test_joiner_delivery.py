@@ -210,3 +210,32 @@ def test_engine_restart_same_identity() -> None:
         assert abs(o.period_us - truth_a.period_us[o.step]) <= o.period_uncertainty_us
     for o in second:
         assert abs(o.period_us - truth_b.period_us[o.step]) <= o.period_uncertainty_us
+
+
+def test_push_one_by_one_equals_push_many() -> None:
+    batches, _ = generate(
+        SynthConfig(duration_s=6, rate_per_s=20, step_rate=0.3, rich_rate=0.1, seed=31)
+    )
+    cfg = JoinerConfig(window_s=60)
+    _, base, _ = _run(batches, cfg)
+    j = Joiner(cfg)
+    out: list[Observation] = []
+    for _, recs in batches:
+        for r in recs:
+            out += j.push(r)
+    out += j.tick()
+    out += j.flush()
+    assert {_key(o): msgspec.json.encode(o) for o in out} == base
+
+
+def test_tick_with_wall_clock_finalizes_an_idle_engine() -> None:
+    """No more data arrives: a live tick(now) completes what the window was holding."""
+    batches, _ = generate(SynthConfig(duration_s=4, rate_per_s=20, step_rate=0.5, seed=32))
+    j = Joiner(JoinerConfig(window_s=5))
+    got = []
+    for _, recs in batches:
+        got += j.push_many(recs)
+    last_wall = max(t for t, _ in batches)
+    got += j.tick(last_wall + 60 * S_NS)
+    assert any(isinstance(o, StepObservation) for o in got)
+    assert j.flush() == []  # nothing was left waiting
