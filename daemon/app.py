@@ -326,6 +326,7 @@ class App:
         self._http: HttpServer | None = None
         self._grpc: Any = None
         self._otlp_http: Any = None
+        self._kv: list[Any] = []
 
     # ------------------------------------------------------------------ HTTP routes
     def _metrics(self, req: Request) -> Response:
@@ -395,6 +396,9 @@ class App:
                 listener, endpoint = "otlp_http", s.receivers.otlp_http.endpoint
                 self._otlp_http = OtlpHttpReceiver(self)
                 self._otlp_http.start()
+            if s.kv.endpoints:
+                listener, endpoint = "kv", ",".join(s.kv.endpoints)
+                self._start_kv()
         except OSError as e:
             log.error("cannot start listener", listener=listener, endpoint=endpoint, error=str(e))
             self.stop()
@@ -408,6 +412,42 @@ class App:
             queue_capacity=s.pipeline.queue_capacity,
         )
         return self
+
+    def _start_kv(self) -> None:
+        """One ZMQ SUB per configured KV endpoint, feeding the same pipeline."""
+        import zmq
+
+        from receivers.kv.subscriber import KVMetrics, KVSubscriber
+
+        kv = self.settings.kv
+        if not kv.endpoints:
+            return
+        metrics = KVMetrics(
+            self.registry,
+            events_rejected=self.metrics.events_rejected,
+            events_received=self.metrics.events_received,
+        )
+        for endpoint in kv.endpoints:
+            sub = KVSubscriber(
+                endpoint,
+                kv.topic,
+                lambda records: self.pipeline.offer(records, "kv"),
+                bind=kv.bind,
+                metrics=metrics,
+                replay_endpoint=kv.replay_endpoint,
+                topic_sources=kv.topic_sources,
+                count_received=False,
+            )
+            try:
+                sub.start()
+            except zmq.ZMQError as e:
+                raise OSError(f"kv endpoint {endpoint}: {e}") from e
+            self._kv.append(sub)
+
+    @property
+    def kv_endpoints(self) -> list[str]:
+        """Endpoints the KV subscribers are bound or connected to."""
+        return [s.bound_endpoint or s.endpoint for s in self._kv]
 
     def stop(self) -> bool:
         """Graceful stop: refuse new requests, drain the queue, close the consumer.
@@ -424,6 +464,8 @@ class App:
             self._grpc.stop(grace)
         if self._otlp_http is not None:
             self._otlp_http.stop()
+        for sub in self._kv:
+            sub.stop()
         drained = self.pipeline.close(self.settings.pipeline.drain_timeout_seconds)
         # The metrics server goes last so the final state can still be scraped while
         # draining.

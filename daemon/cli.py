@@ -11,13 +11,14 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from daemon.commands import basis, pull, replay, serve, simfleet
+from daemon.commands import basis, demo, pull, replay, serve, simfleet
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 #: The command modules, in help order. Add yours here (one line).
 COMMANDS: tuple[ModuleType, ...] = (
     serve,
+    demo,
     replay,
     simfleet,
     pull,

@@ -13,6 +13,7 @@ skipped, never guessed.
 
 from __future__ import annotations
 
+import collections
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -32,10 +33,10 @@ from daemon.publish.snapshot import (
     Snapshot,
     SnapshotStore,
 )
-from learners.features.config import ServingConfig, ServingConfigError
+from learners.features.config import ENGINE_ATTRIBUTE, ServingConfig, ServingConfigError
 from learners.registry import ALPHA_TARGETS, ConfigSnapshot, LearnerRegistry, Scored
 from receivers.joiner import Joiner
-from receivers.observations import Observation
+from receivers.observations import KVTransferObservation, Observation
 from receivers.records import Record, Source
 
 __all__ = ["ConfigResolver", "LearningConsumer", "ServeMetrics", "to_snapshot"]
@@ -112,33 +113,48 @@ class ServeMetrics:
 
 
 class ConfigResolver:
-    """Source → :class:`ServingConfig`: the static one, or from resource attributes."""
+    """Source → :class:`ServingConfig`: the static one, or from resource attributes.
+
+    A KV-event stream carries no resource: its source only names the engine
+    (``coeffd.engine``, from the ZMQ topic). It resolves to the configuration that engine's
+    spans announced, once they have been seen.
+    """
 
     def __init__(self, static: ServingConfig | None = None) -> None:
         self.static = static
         self._cache: dict[str, ServingConfig | None] = {}
-        self._why: dict[str, str] = {}
+        self._engines: dict[str, ServingConfig] = {}
+        self._warned: set[str] = set()
 
     def resolve(self, source: Source) -> ServingConfig | None:
-        """The configuration of ``source`` (None if it names none; cached per source)."""
+        """The configuration of ``source`` (None if it names none, or not yet)."""
         if self.static is not None:
             return self.static
         sid = source.id
         if sid in self._cache:
             return self._cache[sid]
-        cfg: ServingConfig | None = None
+        engine = source.get(ENGINE_ATTRIBUTE)
+        if engine is not None and source.get("coeffd.model") is None:
+            linked = self._engines.get(str(engine))
+            if linked is not None:  # not cached before: the engine may show up later
+                self._cache[sid] = linked
+            return linked
         try:
             cfg = ServingConfig.from_resource(source)
         except (ServingConfigError, ValueError, KeyError) as e:
-            self._why[sid] = str(e)
-            log.warning(
-                "telemetry source names no usable configuration; its observations are skipped",
-                source=sid,
-                error=str(e),
-                attributes=dict(source.attributes),
-            )
+            if sid not in self._warned and len(self._warned) < 10_000:
+                self._warned.add(sid)
+                log.warning(
+                    "telemetry source names no usable configuration; its observations are skipped",
+                    source=sid,
+                    error=str(e),
+                    attributes=dict(source.attributes),
+                )
+            return None
         if len(self._cache) < 100_000:  # sources come from the network: bound the cache
             self._cache[sid] = cfg
+            if engine is not None:
+                self._engines[str(engine)] = cfg
         return cfg
 
 
@@ -236,6 +252,10 @@ class LearningConsumer:
         self._configs: dict[str, ServingConfig] = {}
         self._children: dict[tuple[str, str, str], Any] = {}
         self._last_checkpoint = clock()
+        # KV transfers of engines whose spans have not been seen yet (bounded, oldest out).
+        self._unresolved_kv: collections.deque[KVTransferObservation] = collections.deque(
+            maxlen=10_000
+        )
         self.observations = 0
         self.published = 0
 
@@ -299,11 +319,18 @@ class LearningConsumer:
 
     # ---------------------------------------------------------------- learning
     def _learn(self, observations: Iterable[Observation], now: float) -> None:
+        resolved_any = False
         for obs in observations:
             cfg = self.resolver.resolve(obs.source)
             if cfg is None:
-                self.metrics.unresolved.labels("no_configuration").inc()
+                if isinstance(obs, KVTransferObservation):
+                    if len(self._unresolved_kv) == self._unresolved_kv.maxlen:
+                        self.metrics.unresolved.labels("kv_engine_unknown").inc()
+                    self._unresolved_kv.append(obs)
+                else:
+                    self.metrics.unresolved.labels("no_configuration").inc()
                 continue
+            resolved_any = True
             cid = cfg.id
             self._configs.setdefault(cid, cfg)
             scored = self.registry.learn(cfg, obs)
@@ -318,6 +345,16 @@ class LearningConsumer:
             for s in scored:
                 self._record(cid, s)
         self.metrics.configurations.set(len(self.registry))
+        if resolved_any and self._unresolved_kv:
+            self._retry_kv(now)
+
+    def _retry_kv(self, now: float) -> None:
+        pending = list(self._unresolved_kv)
+        self._unresolved_kv.clear()
+        ready = [o for o in pending if self.resolver.resolve(o.source) is not None]
+        self._unresolved_kv.extend(o for o in pending if self.resolver.resolve(o.source) is None)
+        if ready:
+            self._learn(ready, now)
 
     def _record(self, cid: str, s: Scored) -> None:
         self.metrics.learner_observations.labels(cid, s.target).inc()

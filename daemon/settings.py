@@ -25,7 +25,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -33,15 +41,22 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from learners.config import LearnersConfig
+from learners.features.config import ConfigurationSettings
+from receivers.joiner.config import JoinerConfig
+
 __all__ = [
     "HttpSettings",
+    "KVSettings",
     "LogSettings",
     "OtlpGrpcSettings",
     "OtlpHttpSettings",
     "PipelineSettings",
+    "PublishSettings",
     "ReceiverSettings",
     "Settings",
     "SettingsError",
+    "StateSettings",
     "format_validation_error",
     "load_settings",
     "parse_endpoint",
@@ -143,6 +158,66 @@ class PipelineSettings(_Section):
     tick_interval_seconds: float = Field(default=1.0, gt=0.0, le=60.0)
 
 
+def _split_list(value: Any) -> Any:
+    # A list setting given as one string (env var, --set, --kv-endpoint): comma-separated.
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return value
+
+
+def _check_zmq_endpoint(value: str) -> str:
+    if not value.startswith(("tcp://", "ipc://", "inproc://")):
+        raise ValueError("expected a ZMQ endpoint like tcp://HOST:PORT (or ipc://, inproc://)")
+    return value
+
+
+ZmqEndpoint = Annotated[str, AfterValidator(_check_zmq_endpoint)]
+
+
+class KVSettings(_Section):
+    """vLLM's ZMQ KV-event stream (``--kv-events-config``), for CPU-offload transfers."""
+
+    #: Publisher endpoints. vLLM binds ``tcp://*:5557`` by default (DP rank r: port + r),
+    #: so a sidecar connects to ``tcp://127.0.0.1:5557``. Empty = no KV stream.
+    endpoints: Annotated[list[ZmqEndpoint], BeforeValidator(_split_list)] = Field(
+        default_factory=list
+    )
+    #: Bind the endpoints instead of connecting (fan-in: engines configured with a
+    #: non-wildcard endpoint connect to coeffd).
+    bind: bool = False
+    #: Subscription prefix ("" = everything).
+    topic: str = ""
+    #: Each engine publishes under its own topic naming it (its ``coeffd.engine``
+    #: resource attribute); needed when several engines share one bound endpoint.
+    topic_sources: bool = False
+    #: The publisher's replay ROUTER (e.g. tcp://127.0.0.1:5558), asked to resend gaps.
+    replay_endpoint: ZmqEndpoint | None = None
+
+
+class PublishSettings(_Section):
+    """Coefficient snapshots: versioned files that BLIS and ``coeffd pull`` read."""
+
+    snapshot_dir: str = "snapshots"
+    #: Snapshot versions kept per configuration (the newest).
+    retention: int = Field(default=50, ge=1, le=100_000)
+    #: Publish at most this often per configuration while its coefficients move...
+    interval_seconds: float = Field(default=1.0, gt=0.0, le=86_400.0)
+    #: ...or at once when a coefficient moved by more than this fraction.
+    relative_threshold: float = Field(default=0.02, gt=0.0, le=10.0)
+    #: No snapshot before a configuration has learned this many observations.
+    min_observations: int = Field(default=20, ge=0)
+
+
+class StateSettings(_Section):
+    """Checkpoints of learner state, restored at start-up."""
+
+    #: Directory of checkpoint files; "" disables checkpoints.
+    state_dir: str = "state"
+    #: A crash loses at most this much learning.
+    checkpoint_interval_seconds: float = Field(default=30.0, gt=0.0, le=86_400.0)
+    restore: bool = True
+
+
 class Settings(BaseSettings):
     """All daemon settings. Add a section here with one line (see the module docstring)."""
 
@@ -157,6 +232,27 @@ class Settings(BaseSettings):
     receivers: ReceiverSettings = Field(default_factory=ReceiverSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
     pipeline: PipelineSettings = Field(default_factory=PipelineSettings)
+    #: ``sidecar``: one vLLM beside us; the OTLP and KV receivers default to localhost.
+    #: ``standalone``: a shared service for a fleet; endpoints as configured.
+    mode: Literal["standalone", "sidecar"] = "standalone"
+    kv: KVSettings = Field(default_factory=KVSettings)
+    joiner: JoinerConfig = Field(default_factory=JoinerConfig)
+    learners: LearnersConfig = Field(default_factory=LearnersConfig)
+    publish: PublishSettings = Field(default_factory=PublishSettings)
+    state: StateSettings = Field(default_factory=StateSettings)
+    #: The static configuration of a sidecar's vLLM (model, GPU, TP, knobs). Unset: every
+    #: stream must name its configuration through ``coeffd.*`` resource attributes.
+    configuration: ConfigurationSettings | None = None
+
+    @model_validator(mode="after")
+    def _sidecar_binds_localhost(self) -> Settings:
+        # Only what vLLM sends to is local; /metrics stays reachable for Prometheus.
+        if self.mode == "sidecar":
+            for section in (self.receivers.otlp_grpc, self.receivers.otlp_http):
+                if "endpoint" not in section.model_fields_set:
+                    _, port = parse_endpoint(section.endpoint)
+                    object.__setattr__(section, "endpoint", f"127.0.0.1:{port}")
+        return self
 
     @classmethod
     def settings_customise_sources(

@@ -39,9 +39,31 @@ _FLAGS: tuple[tuple[str, str, Any, str], ...] = (
     ("--queue-capacity", "pipeline.queue_capacity", str, "pipeline queue capacity in records"),
 )
 
+# Flags of the daemon proper (serve, demo): output, state and the static configuration of
+# a sidecar's vLLM, mirroring vLLM's own argument names.
+_SERVE_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
+    ("--mode", "mode", str, "standalone (fleet service) or sidecar (receivers on localhost)"),
+    ("--kv-endpoint", "kv.endpoints", str, "ZMQ KV-event endpoint(s), comma-separated"),
+    ("--snapshot-dir", "publish.snapshot_dir", str, "where coefficient snapshots are written"),
+    ("--state-dir", "state.state_dir", str, "where learner checkpoints are written"),
+    ("--model-config", "configuration.model", str, "sidecar: config.json path or bundled model"),
+    ("--hardware", "configuration.hardware", str, "sidecar: GPU name or hardware JSON path"),
+    ("--tp", "configuration.tp", str, "sidecar: tensor parallel size"),
+    ("--dp", "configuration.dp", str, "sidecar: data parallel size"),
+    (
+        "--max-num-batched-tokens",
+        "configuration.max_num_batched_tokens",
+        str,
+        "sidecar: vLLM --max-num-batched-tokens",
+    ),
+    ("--max-num-seqs", "configuration.max_num_seqs", str, "sidecar: vLLM --max-num-seqs"),
+    ("--max-model-len", "configuration.max_model_len", str, "sidecar: vLLM --max-model-len"),
+    ("--cpu-offload-gib", "configuration.cpu_offload_gib", str, "sidecar: KV offload size"),
+)
 
-def add_settings_arguments(p: argparse.ArgumentParser) -> None:
-    """Add ``--config``, ``--set KEY=VALUE`` and the common per-key flags."""
+
+def add_settings_arguments(p: argparse.ArgumentParser, *, serve: bool = False) -> None:
+    """Add ``--config``, ``--set KEY=VALUE`` and the per-key flags (``serve``: daemon ones)."""
     p.add_argument("--config", metavar="FILE", help="TOML settings file (default: $COEFFD_CONFIG)")
     p.add_argument(
         "--set",
@@ -51,7 +73,7 @@ def add_settings_arguments(p: argparse.ArgumentParser) -> None:
         dest="set_values",
         help="override any setting by dotted key, e.g. --set pipeline.queue_capacity=1000 (repeatable)",
     )
-    for flag, key, typ, text in _FLAGS:
+    for flag, key, typ, text in _FLAGS + (_SERVE_FLAGS if serve else ()):
         p.add_argument(
             flag,
             metavar="VALUE",
@@ -75,7 +97,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings | None:
             if not sep or not key:
                 raise SettingsError(f"invalid setting {item!r}: expected KEY=VALUE")
             set_override(overrides, key.strip(), value)
-        for _flag, key, _typ, _text in _FLAGS:
+        for _flag, key, _typ, _text in _FLAGS + _SERVE_FLAGS:
             value = getattr(args, "opt_" + key.replace(".", "__"), None)
             if value is not None:
                 set_override(overrides, key, value)

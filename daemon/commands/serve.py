@@ -1,21 +1,31 @@
-"""``coeffd serve``: run the daemon (receivers → pipeline → consumer) until SIGTERM/SIGINT.
+"""``coeffd serve``: run the daemon (receivers → pipeline → learning consumer) until a signal.
 
-Until the joiner exists the pipeline worker only counts records (``CountingConsumer``).
+The consumer joins the records into observations, learns per-configuration coefficients,
+and publishes snapshots under ``publish.snapshot_dir`` (served on ``/v1/...``); learner
+state is checkpointed under ``state.state_dir`` and restored at start-up.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 import structlog
 from prometheus_client import CollectorRegistry
 
-from daemon.app import App, Consumer
+from daemon import api
+from daemon.app import App
+from daemon.checkpoint import CheckpointStore
 from daemon.commands.common import EXIT_USAGE, add_settings_arguments, settings_from_args
+from daemon.learning import ConfigResolver, LearningConsumer, ServeMetrics
+from daemon.publish.snapshot import PublishPolicy, SnapshotStore
 from daemon.settings import Settings
+from learners.features.config import BasisResolver
+from learners.registry import LearnerRegistry
+from receivers.joiner import Joiner, JoinerMetrics
 
-__all__ = ["add_parser", "build_consumer", "run"]
+__all__ = ["add_parser", "build_app", "build_consumer", "run"]
 
 log = structlog.get_logger(__name__)
 
@@ -24,18 +34,64 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``serve``."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         "serve",
-        help="run the daemon: OTLP receivers, pipeline, /metrics",
-        description="Receive vLLM telemetry (OTLP/gRPC, OTLP/HTTP) and run the pipeline.",
+        help="run the daemon: receivers, joiner, learners, snapshots, /metrics and /v1 API",
+        description="Receive vLLM telemetry (OTLP/gRPC, OTLP/HTTP, ZMQ KV events), learn "
+        "BLIS coefficients per serving configuration, publish snapshots.",
     )
-    add_settings_arguments(p)
+    add_settings_arguments(p, serve=True)
     p.set_defaults(run=run)
     return p
 
 
-def build_consumer(settings: Settings, registry: CollectorRegistry) -> Consumer | None:
-    """The pipeline consumer of ``serve`` (joiner → learners → publisher), registering its
-    metrics on ``registry``; ``None`` means the counting-only default."""
-    return None
+def build_consumer(
+    settings: Settings, registry: CollectorRegistry
+) -> tuple[LearningConsumer, SnapshotStore]:
+    """The learning consumer of ``serve`` and its snapshot store, metrics on ``registry``."""
+    static = settings.configuration
+    model_paths: dict[str, str] = {}
+    hardware: str | None = None
+    static_config = None
+    if static is not None:
+        static_config = static.serving_config()
+        # A sidecar may name a config.json path or a hardware file: let the learners'
+        # resolver find them under the names the configuration id uses.
+        if Path(static.model).exists():
+            model_paths[static_config.model] = static.model
+        if Path(static.hardware).exists():
+            hardware = static.hardware
+    store = SnapshotStore(
+        settings.publish.snapshot_dir, settings.publish.retention, registry=registry
+    )
+    checkpoints = CheckpointStore(settings.state.state_dir) if settings.state.state_dir else None
+    consumer = LearningConsumer(
+        joiner=Joiner(settings.joiner, JoinerMetrics(registry)),
+        registry=LearnerRegistry(
+            settings.learners,
+            resolver=BasisResolver(model_paths=model_paths or None, hardware=hardware),
+        ),
+        metrics=ServeMetrics(registry),
+        resolver=ConfigResolver(static_config),
+        store=store,
+        checkpoints=checkpoints,
+        policy=PublishPolicy(
+            settings.publish.interval_seconds,
+            settings.publish.relative_threshold,
+            settings.publish.min_observations,
+        ),
+        checkpoint_interval_s=settings.state.checkpoint_interval_seconds,
+    )
+    if checkpoints is not None and settings.state.restore:
+        consumer.restore()
+    return consumer, store
+
+
+def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> App:
+    """A ready-to-start daemon: receivers + learning consumer + ``/v1`` API routes."""
+    registry = registry if registry is not None else CollectorRegistry()
+    consumer, store = build_consumer(settings, registry)
+    app = App(settings, consumer=consumer, registry=registry)
+    api.mount(app.router, store)
+    return app
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,8 +99,11 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     if settings is None:
         return EXIT_USAGE
-    registry = CollectorRegistry()
-    app = App(settings, consumer=build_consumer(settings, registry), registry=registry)
+    try:
+        app = build_app(settings)
+    except (OSError, ValueError) as e:  # unreadable state/snapshot dir, bad static config
+        log.error("cannot start", error=str(e))
+        return 1
     try:
         return app.run()
     except OSError:  # a listener could not bind; App.start logged which one

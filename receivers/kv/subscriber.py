@@ -175,6 +175,7 @@ class KVSubscriber:
         poll_ms: int = 100,
         replay_endpoint: str | None = None,
         topic_sources: bool = False,
+        count_received: bool = True,
     ) -> None:
         self.endpoint = endpoint
         # Fan-in (one bound SUB, many engines connecting): each engine publishes under its
@@ -182,6 +183,8 @@ class KVSubscriber:
         # (``coeffd.engine=<topic>``, which the joiner links to that engine's spans) and
         # part of the sequence key, since every engine numbers its batches from 0.
         self.topic_sources = topic_sources
+        # False when ``offer`` is the daemon pipeline, which counts accepted records itself.
+        self.count_received = count_received
         self._topic_source: dict[str, Source] = {}
         self.topic = topic
         self.bind = bind
@@ -377,7 +380,7 @@ class KVSubscriber:
             self._reject("queue_full", len(records))
             return
         self.counts["records"] += len(records)
-        if self.metrics is not None:
+        if self.metrics is not None and self.count_received:
             kinds = Counter(type(r).__name__ for r in records)
             for kind, n in kinds.items():
                 self.metrics.received.labels(RECEIVER, kind).inc(n)

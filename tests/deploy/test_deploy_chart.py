@@ -4,6 +4,7 @@ promises (security context, probes, ports, stable storage, sidecar wiring)."""
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,16 @@ def _assert_hardened(c: dict[str, Any]) -> None:
     assert {"/tmp", "/var/lib/coeffd"} <= set(mounts)
 
 
+def _assert_writable_dirs_mounted(c: dict[str, Any], toml_text: str) -> None:
+    """With a read-only root filesystem, every directory the daemon writes must be on a
+    mounted, writable volume."""
+    data = tomllib.loads(toml_text)
+    writable = [m["mountPath"] for m in c["volumeMounts"] if not m.get("readOnly")]
+    dirs = [data.get("publish", {}).get("snapshot_dir"), data.get("state", {}).get("state_dir")]
+    for d in filter(None, dirs):
+        assert any(d.startswith(m.rstrip("/") + "/") for m in writable), f"{d} is not on a volume"
+
+
 def _assert_mounts_resolve(pod: dict[str, Any], claim_templates: list[str]) -> None:
     volumes = {v["name"] for v in pod.get("volumes", [])} | set(claim_templates)
     for c in pod.get("containers", []) + pod.get("initContainers", []):
@@ -148,6 +159,7 @@ def test_fleet_mode_objects() -> None:
     assert vct[0]["spec"]["storageClassName"] == "fast-ssd"
     assert vct[0]["spec"]["resources"]["requests"]["storage"] == "5Gi"
     _assert_mounts_resolve(pod, ["coeffd-data"])
+    _assert_writable_dirs_mounted(c, config_toml(docs))
     assert "checksum/config" in sts["spec"]["template"]["metadata"]["annotations"]
 
     services = {s["metadata"]["name"]: s for s in by_kind(docs, "Service")}
@@ -249,6 +261,7 @@ def test_sidecar_wrapper_chart(wrapper: Path, native: bool) -> None:
     sidecar = _container(pod, "coeffd")
     _assert_hardened(sidecar)
     _assert_mounts_resolve(pod, [])
+    _assert_writable_dirs_mounted(sidecar, config_toml(docs))
     if native:
         assert [c["name"] for c in pod["initContainers"]] == ["coeffd"]
         assert sidecar["restartPolicy"] == "Always"

@@ -70,11 +70,18 @@ def test_sidecar_example_config_loads_and_mirrors_vllm_flags(tmp_path: Path) -> 
     assert {"--enable-journey-tracing", "--step-tracing-enabled"} <= set(args)
     for rate in ("--journey-tracing-sample-rate", "--step-tracing-sample-rate"):
         assert 0.0 <= float(flag(rate)) <= 1.0
-    assert json.loads(flag("--kv-events-config")) == {
+    kv_config = json.loads(flag("--kv-events-config"))
+    assert kv_config == {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
         "endpoint": "tcp://*:5557",
     }
+    if "kv" in Settings.model_fields:
+        kv_port = kv_config["endpoint"].rsplit(":", 1)[1]
+        assert settings.kv.endpoints == [f"tcp://127.0.0.1:{kv_port}"]
+        mounts = {m["mountPath"] for c in pod["initContainers"] for m in c["volumeMounts"]}
+        for d in (settings.publish.snapshot_dir, settings.state.state_dir):
+            assert any(d.startswith(m + "/") for m in mounts), f"{d} not on a volume"
     env = {e["name"]: e["value"] for e in vllm["env"]}
     assert env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] in {"grpc", "http/protobuf"}
     assert env["OTEL_EXPORTER_OTLP_TRACES_INSECURE"] == "true"

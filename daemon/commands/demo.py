@@ -1,0 +1,196 @@
+"""``coeffd demo``: the daemon with an embedded synthetic vLLM fleet (what ``make run`` runs).
+
+The fleet (simfleet) talks to the daemon over the real wires — OTLP/gRPC to the
+receiver's port and ZMQ to the KV subscriber — exactly as vLLM would, so the demo
+exercises the whole pipeline. A compact live view shows, per configuration, how many
+observations were learned and the step-time error of the learned coefficients next to the
+noise floor (the error the *true* coefficients would have) and BLIS's shipped defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import threading
+import time
+from typing import Any, TextIO
+
+import numpy as np
+import structlog
+
+from daemon.app import App
+from daemon.commands.common import EXIT_USAGE, add_settings_arguments, settings_from_args
+from daemon.commands.serve import build_app
+from daemon.learning import LearningConsumer
+
+__all__ = ["add_parser", "noise_floor", "run"]
+
+log = structlog.get_logger(__name__)
+
+#: Demo defaults, applied before the user's own --set/flags (which win).
+_DEMO_SETTINGS = (
+    "publish.snapshot_dir=out/demo/snapshots",
+    "state.state_dir=out/demo/state",
+    "kv.endpoints=tcp://127.0.0.1:5557",
+    "kv.bind=true",
+    "kv.topic_sources=true",
+    "log.level=warning",
+)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``demo``."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "demo",
+        help="run the daemon fed by a built-in synthetic vLLM fleet, with a live view",
+        description="Start coeffd and a simulated vLLM fleet that sends it real OTLP spans "
+        "and ZMQ KV events; watch coefficients being learned.",
+    )
+    p.add_argument("--scenario", default="fleet", help="simfleet scenario (default: fleet)")
+    p.add_argument("--duration", type=float, default=900.0, help="simulated seconds")
+    p.add_argument("--speed", type=float, default=3.0, help="simulated/real time ratio")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--sample-rates",
+        default="1.0,0.5,0.05,100",
+        metavar="J,S,R[,K]",
+        help="vLLM journey,step,rich sample rates [,closure] (demo: dense step sampling)",
+    )
+    p.add_argument("--refresh", type=float, default=3.0, help="seconds between live views")
+    p.add_argument(
+        "--exit-when-done",
+        action="store_true",
+        help="stop when the simulation ends (default: keep serving until Ctrl-C)",
+    )
+    add_settings_arguments(p, serve=True)
+    p.set_defaults(run=run)
+    return p
+
+
+def noise_floor(sigma: float, samples: int = 200_000, seed: int = 0) -> float:
+    """MAPE the true coefficients get on periods ``S·exp(σz)``: ``E|1 − exp(−σz)|``.
+
+    >>> round(noise_floor(0.03), 3)
+    0.024
+    """
+    z = np.random.default_rng(seed).standard_normal(samples)
+    return float(np.mean(np.abs(1.0 - np.exp(-sigma * z))))
+
+
+def _pct(x: float) -> str:
+    return "   -  " if not math.isfinite(x) else f"{100 * x:5.1f}%"
+
+
+def render(rows: list[dict[str, Any]], floors: dict[str, float], elapsed: float) -> str:
+    """The live view: one line per configuration."""
+    head = (
+        f"coeffd demo — {elapsed:6.0f} s   (step-time MAPE: learned | noise floor | BLIS default)\n"
+        f"{'configuration':<58} {'obs':>6}  {'learned':>7} {'floor':>7} {'default':>7}  "
+        f"{'α0 α1 α2 MAPE':>22}  drift\n"
+    )
+    lines = []
+    for r in sorted(rows, key=lambda r: r["label"]):
+        alpha = " ".join(_pct(a).strip() for a in r["alpha_mape"])
+        lines.append(
+            f"{r['label'][:58]:<58} {r['observations']:>6}  {_pct(r['step_mape']):>7} "
+            f"{_pct(floors.get(r['config'], math.nan)):>7} {_pct(r['step_mape_default']):>7}  "
+            f"{alpha:>22}  {r['drift']:>5}"
+        )
+    return head + "\n".join(lines or ["(waiting for the first observations…)"]) + "\n"
+
+
+def _floors(scenario: str, duration: float) -> dict[str, float]:
+    """Noise floor per configuration id of the scenario's engines."""
+    from learners.features.config import ServingConfig
+    from receivers.kv.subscriber import source_from_attributes
+    from simfleet import build, resource_attributes
+
+    out: dict[str, float] = {}
+    for i, spec in enumerate(build(scenario, duration)):
+        src = source_from_attributes(resource_attributes(spec, "engine_core", i))
+        out[ServingConfig.from_resource(src).id] = noise_floor(spec.noise.sigma)
+    return out
+
+
+def _where(app: App, out: TextIO) -> None:
+    s = app.settings
+    host = "127.0.0.1"
+    print(
+        f"\ncoeffd is learning. Look at:\n"
+        f"  metrics         http://{host}:{app.http_port}/metrics\n"
+        f"  configurations  http://{host}:{app.http_port}/v1/configurations\n"
+        f"  coefficients    http://{host}:{app.http_port}/v1/coefficients/<id>?format=flags\n"
+        f"  snapshots       {s.publish.snapshot_dir}/<id>/latest.json\n"
+        f"  BLIS flags      coeffd pull --server http://{host}:{app.http_port} --config <id> "
+        f"--format flags\n",
+        file=out,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve + simulate; live view until the simulation ends (or Ctrl-C)."""
+    from simfleet import SampleRates, run_in_thread
+
+    args.set_values = list(_DEMO_SETTINGS) + list(args.set_values)
+    settings = settings_from_args(args)
+    if settings is None:
+        return EXIT_USAGE
+    try:
+        rates = SampleRates.parse(args.sample_rates)
+    except ValueError as e:
+        print(f"coeffd demo: --sample-rates: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        app = build_app(settings)
+        app.start()
+    except (OSError, ValueError) as e:
+        print(f"coeffd demo: cannot start: {e}", file=sys.stderr)
+        return 1
+    stop_requested = threading.Event()
+    try:
+        import signal
+
+        signal.signal(signal.SIGTERM, lambda *_: stop_requested.set())
+    except ValueError:  # not the main thread (tests)
+        pass
+    kv = app.kv_endpoints[0] if app.kv_endpoints else None
+    thread, stop_sim, _result = run_in_thread(
+        args.scenario,
+        args.duration,
+        args.seed,
+        rates=rates,
+        otlp_endpoint=f"127.0.0.1:{app.grpc_port}",
+        kv_endpoint=kv.replace("0.0.0.0", "127.0.0.1") if kv else None,
+        speed=args.speed,
+        max_events=100_000,
+    )
+    consumer = app.consumer
+    floors = _floors(args.scenario, args.duration)
+    _where(app, sys.stdout)
+    t0 = time.monotonic()
+    tty = sys.stdout.isatty()
+    code = 0
+    try:
+        while not stop_requested.is_set():
+            stop_requested.wait(args.refresh)
+            if isinstance(consumer, LearningConsumer):
+                view = render(consumer.live_rows(), floors, time.monotonic() - t0)
+                print(("\x1b[2J\x1b[H" if tty else "") + view, flush=True)
+            if not thread.is_alive():
+                app.pipeline.wait_idle(10.0)
+                if args.exit_when_done:
+                    break
+                if not stop_requested.is_set():
+                    print("simulation finished; still serving (Ctrl-C to stop)", flush=True)
+                    stop_requested.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop_sim.set()
+        thread.join(timeout=30)
+        app.stop()
+        if isinstance(consumer, LearningConsumer):
+            print(render(consumer.live_rows(), floors, time.monotonic() - t0), flush=True)
+        _where(app, sys.stdout)
+    return code
