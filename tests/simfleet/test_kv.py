@@ -109,3 +109,28 @@ def test_kv_jsonl_file_replays_through_the_receiver():
     assert any(isinstance(r, KVBlocks) for r in recs)
     assert any(isinstance(r, KVTransfer) for r in recs)
     assert any(isinstance(r, KVCacheCommit) and not r.load for r in recs)
+
+
+def test_cpu_tier_eviction_events():
+    """A small CPU tier evicts (LRU): CacheEviction right before its CacheStoreCommitted,
+    CPU BlockRemoved with raw hash bytes; every event decodes with the KV receiver."""
+    spec = _offload_tp2()
+    spec = replace(spec, serving=replace(spec.serving, cpu_offload_gib=0.25))
+    sink = MemoryKVSink()
+    simfleet.run([spec], 4.0, seed=6, kv_sinks=[sink], drain_s=5.0)
+    evictions = 0
+    for _topic, seq, payload, src in sink.batches:
+        raw = msgspec.msgpack.decode(payload)
+        tags = [e[0] for e in raw[1]]
+        for i, ev in enumerate(raw[1]):
+            if ev[0] == "CacheEviction":
+                evictions += 1
+                assert ev[1] == "CPU" and ev[2] > 0 and ev[3] == "lru" and ev[5] is None
+                assert tags[i + 1] == "CacheStoreCommitted" and raw[1][i + 1][4] == ev[4]
+            if ev[0] == "BlockRemoved" and ev[2] == "CPU":
+                assert all(isinstance(h, bytes) and len(h) == 8 for h in ev[1])
+        counts: collections.Counter[str] = collections.Counter()
+        raw_batch = parse_payload(payload, counts)
+        assert not counts and len(raw_batch.events) == len(raw[1])  # nothing rejected
+        assert batch_records(raw_batch, source_from_attributes(src), "", seq)
+    assert evictions > 0
