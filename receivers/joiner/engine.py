@@ -225,15 +225,17 @@ class EngineState:
         best: int | None = None
         if steps:
             i = bisect.bisect_left(steps, queued_step)
-            cands = []
-            if i < len(steps):
-                cands.append(steps[i])
-            if i > 0:
-                cands.append(steps[i - 1])
+            after = steps[i] if i < len(steps) else None
+            before = steps[i - 1] if i > 0 else None
             # nearest; ties go to the later summary (it already counts the request)
-            cands.sort(key=lambda s: (abs(s - queued_step), -s))
-            if cands and abs(cands[0] - queued_step) <= dmax:
-                best = cands[0]
+            if after is not None and (
+                before is None or after - queued_step <= queued_step - before
+            ):
+                best = after
+            else:
+                best = before
+            if best is not None and abs(best - queued_step) > dmax:
+                best = None
         if best is None:
             final = self.covers(queued_step - dmax, queued_step + dmax)
             return None, final

@@ -433,8 +433,8 @@ class Joiner:
                 self._ready.add(entry.key)
                 continue
             self._emit_request(entry, core, eng.source, qs)
-        emitted = sum(1 for c in entry.cores.values() if c.emitted)
-        if emitted >= self._expected_cores(entry) and not self._waiting(entry):
+        cores = entry.cores
+        if len(cores) >= self._expected_cores(entry) and all(c.emitted for c in cores.values()):
             self._close_entry(entry)
 
     def _emit_request(self, entry: RequestEntry, core: CoreState, src: Source, qs: Any) -> None:
