@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import structlog
 
 from learners.config import LearnersConfig
 from learners.drift import DriftMonitor
@@ -44,6 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--forgetting", type=float, default=0.99)
     args = ap.parse_args(argv)
     from river import linear_model
+
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
 
     n, lam, repeat = args.n, args.forgetting, args.repeat
     alpha, beta = 1.0, 1.0

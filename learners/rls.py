@@ -187,8 +187,8 @@ class RLSRegressor(base.Regressor):
         self._pend_w.append(w)
         self.n_learned += 1
         self._since_refresh += 1
-        self._theta = None
-        self._valid = None
+        # No cache invalidation here: every estimate folds pending rows first, and the fold
+        # invalidates the caches.
         if self._since_refresh >= self.refresh_every:
             self._fold()
             self._refresh()
