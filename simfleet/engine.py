@@ -187,7 +187,7 @@ class Engine:
         self.kv_block_bytes = physics.kv_bytes_per_block
         cpu_blocks = 0
         if sc.cpu_offload_gib > 0:
-            cpu_blocks = int(sc.cpu_offload_gib * (1 << 30) / (self.kv_block_bytes * max(1, sc.tp)))
+            cpu_blocks = int(sc.cpu_offload_gib * (1 << 30) / self.kv_block_bytes)
         self.cpu_blocks = cpu_blocks
         self.cpu_tier: OrderedDict[int, None] = OrderedDict()
         self._pending_stores: list[Transfer] = []

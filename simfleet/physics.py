@@ -24,7 +24,7 @@ class StepPhysics(Protocol):
 
     @property
     def kv_bytes_per_block(self) -> float:
-        """Bytes of KV cache in one block of 16 tokens, per GPU (TP shard)."""
+        """Bytes of KV cache in one block (all layers and KV heads, vLLM layout)."""
         ...
 
 
@@ -46,8 +46,11 @@ class BlisPhysics:
         hw = F.load_hardware(gpu)
         self._basis = F.BlisBasis(spec, hw, tp, dp, moe_comm_backend)
         self.model_spec = spec
-        # per GPU: each TP worker moves its shard of the KV heads in parallel
-        self._kv_block = float(spec.kv_bytes_per_token_blis) * block_size / max(1, tp)
+        # the logical block (all KV heads, vLLM layout), as the learners count transfer
+        # bytes, so a learned bytes/µs compares directly with the truth
+        from learners.features.observe import kv_bytes_per_block
+
+        self._kv_block = kv_bytes_per_block(spec, block_size)
 
     def step_time_us(self, beta: Sequence[float], batch: Sequence[BatchRequest]) -> float:
         return float(self._basis.step_time(list(beta), list(batch)))

@@ -200,7 +200,8 @@ def truth_document(
             "alpha_noise": "each delay × exp(alpha_sigma·z)",
             "kv_transfer": "duration_us = (kv_base_us[dir] + block_count·kv_bytes_per_block/"
             "kv_bytes_per_us[dir]) × exp(kv_sigma·z); dir 0 = store GPU->CPU, 1 = load CPU->GPU; "
-            "kv_bytes_per_block is per GPU (TP shard)",
+            "kv_bytes_per_block is the logical block (all KV heads, vLLM layout: "
+            "learners.features.observe.kv_bytes_per_block)",
         },
         "configurations": confs,
     }
