@@ -409,6 +409,7 @@ class App:
             otlp_grpc=self.grpc_port,
             otlp_http=self.otlp_http_port,
             http=self.http_port,
+            kv=self.kv_endpoints,
             queue_capacity=s.pipeline.queue_capacity,
         )
         return self

@@ -256,6 +256,7 @@ class LearningConsumer:
         self._unresolved_kv: collections.deque[KVTransferObservation] = collections.deque(
             maxlen=10_000
         )
+        self.records = 0
         self.observations = 0
         self.published = 0
 
@@ -298,6 +299,7 @@ class LearningConsumer:
     # --------------------------------------------------------------- consumer
     def consume(self, records: Sequence[Record]) -> None:
         """Join a batch of records and learn every observation it completes."""
+        self.records += len(records)
         self._learn(self.joiner.push_many(records), self._clock())
 
     def tick(self, now: float) -> None:
@@ -316,6 +318,14 @@ class LearningConsumer:
         self._learn(self.joiner.flush(), now)
         self.publish_due(now, force=True)
         self.checkpoint()
+        log.info(
+            "learning consumer closed",
+            records=self.records,
+            observations=self.observations,
+            snapshots_published=self.published,
+            configurations=len(self.registry),
+            unresolved_kv=len(self._unresolved_kv),
+        )
 
     # ---------------------------------------------------------------- learning
     def _learn(self, observations: Iterable[Observation], now: float) -> None:

@@ -22,7 +22,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_sigterm_drains_and_exits_zero() -> None:
+def test_sigterm_drains_and_exits_zero(tmp_path: Path) -> None:
     http_port, otlp_http = _free_port(), _free_port()
     proc = subprocess.Popen(
         [
@@ -31,6 +31,10 @@ def test_sigterm_drains_and_exits_zero() -> None:
             "--http-endpoint", f"127.0.0.1:{http_port}",
             "--otlp-http-endpoint", f"127.0.0.1:{otlp_http}",
             "--otlp-grpc-endpoint", "127.0.0.1:0",
+            "--snapshot-dir", str(tmp_path / "snapshots"),
+            "--state-dir", str(tmp_path / "state"),
+            # The example is a qwen2.5-7b sidecar trace without coeffd.* attributes.
+            "--model-config", "qwen2.5-7b-instruct",
         ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -70,7 +74,9 @@ def test_sigterm_drains_and_exits_zero() -> None:
     assert "signal received; shutting down" in names
     stopped = [e for e in events if e["event"] == "coeffd stopped"]
     assert stopped and stopped[0]["drained"] is True
-    closed = [e for e in events if e["event"] == "counting consumer closed"]
+    closed = [e for e in events if e["event"] == "learning consumer closed"]
     assert closed and closed[0]["records"] == 15  # everything accepted was consumed
-    assert closed[0]["by_kind"]["BatchSummary"] == 2
+    # The example's one complete request becomes one alpha observation, learned before exit.
+    assert closed[0]["observations"] >= 1
+    assert (tmp_path / "state" / "checkpoint.bin").stat().st_size > 0
     assert all(e["level"] in ("info", "debug") for e in events), events
