@@ -17,6 +17,7 @@ Two paths (the test reports which one ran, as a warning and a junit property):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -27,6 +28,8 @@ import urllib.error
 import urllib.request
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -120,10 +123,54 @@ def _events_received(base: str) -> float:
     )
 
 
+def _simfleet(grpc: int, kv: int | None = None) -> None:
+    """A short simulated vLLM run (journey + step spans over OTLP/gRPC, KV events)."""
+    args = [sys.executable, "-m", "daemon", "simfleet", "--scenario", "steady"]
+    args += ["--duration", "20", "--otlp-endpoint", f"127.0.0.1:{grpc}"]
+    if kv is not None:
+        args += ["--kv-endpoint", f"tcp://127.0.0.1:{kv}"]
+    subprocess.run(args, cwd=REPO, env=_clean_env(), check=True, capture_output=True, timeout=240)
+
+
+@contextlib.contextmanager
+def _daemon(values: dict[str, Any], work: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """`coeffd serve` on the config.toml the chart renders for ``values`` (a healthy,
+    ready daemon), stopped with SIGTERM afterwards."""
+    settings = values.setdefault("settings", {})
+    # the chart's absolute /var/lib/coeffd paths are a volume in a pod; here, a tmp dir
+    settings["publish"] = {"snapshot_dir": str(work / "snapshots")}
+    settings["state"] = {"state_dir": str(work / "state")}
+    http = settings["http"]["endpoint"]
+    cfg = work / "config.toml"
+    cfg.write_text(config_toml(manifests(render(CHART, values))))
+    with cfg.with_suffix(".log").open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "daemon", "serve", "--config", str(cfg)],
+            cwd=REPO,
+            env=_clean_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        base = f"http://{http}"
+        try:
+            assert _wait_for("/healthz", lambda: _get(base + "/healthz")[0] == 200, proc, 60), (
+                "daemon never became healthy"
+            )
+            assert _wait_for("/readyz", lambda: _get(base + "/readyz")[0] == 200, proc, 60)
+            yield proc, base
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
 @pytest.fixture(scope="module")
 def scrape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Scrape, str]]:
     grpc, http_otlp, http, kv = _free_ports(4)
-    values = {
+    values: dict[str, Any] = {
         "settings": {
             "log": {"format": "json"},
             "receivers": {
@@ -135,45 +182,10 @@ def scrape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Scrape, s
             "kv": {"endpoints": [f"tcp://127.0.0.1:{kv}"], "bind": True},
         }
     }
-    cfg = tmp_path_factory.mktemp("coeffd") / "config.toml"
-    cfg.write_text(config_toml(manifests(render(CHART, values))))
-    log = cfg.with_suffix(".log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "daemon", "serve", "--config", str(cfg)],
-        cwd=REPO,
-        env=_clean_env(),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{http}"
-    try:
-        assert _wait_for("/healthz", lambda: _get(base + "/healthz")[0] == 200, proc, 60), (
-            "daemon never became healthy"
-        )
-        assert _wait_for("/readyz", lambda: _get(base + "/readyz")[0] == 200, proc, 60)
+    with _daemon(values, tmp_path_factory.mktemp("fleet")) as (proc, base):
         path = "live + contract (no simfleet command)"
         if _cli_has("simfleet"):
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "daemon",
-                    "simfleet",
-                    "--scenario",
-                    "steady",
-                    "--duration",
-                    "20",
-                    "--otlp-endpoint",
-                    f"127.0.0.1:{grpc}",
-                    "--kv-endpoint",
-                    f"tcp://127.0.0.1:{kv}",
-                ],
-                cwd=REPO,
-                env=_clean_env(),
-                check=True,
-                capture_output=True,
-                timeout=240,
-            )
+            _simfleet(grpc, kv)
             assert _wait_for("ingest", lambda: _events_received(base) > 0, proc, 30), (
                 "simfleet's spans never showed up in coeffd_events_received_total"
             )
@@ -188,14 +200,46 @@ def scrape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Scrape, s
         status, text = _get(base + "/metrics")
         assert status == 200
         yield Scrape(text), path
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+
+
+def test_sidecar_configmap_boots_the_daemon_with_its_identity(
+    tmp_path: Path,
+) -> None:
+    """The sidecar ConfigMap starts a real daemon whose configuration is the identity
+    the values gave (as the daemon reports it on /v1/configurations)."""
+    grpc, http_otlp, http, kv = _free_ports(4)
+    values: dict[str, Any] = {
+        "mode": "sidecar",
+        "settings": {
+            "configuration": {"model": "Qwen/Qwen2.5-7B-Instruct", "hardware": "L40S", "tp": 2},
+            "receivers": {
+                "otlp_grpc": {"endpoint": f"0.0.0.0:{grpc}"},
+                "otlp_http": {"endpoint": f"0.0.0.0:{http_otlp}"},
+            },
+            "http": {"endpoint": f"127.0.0.1:{http}"},
+        },
+        "sidecar": {"vllm": {"kvEventsEndpoint": f"tcp://*:{kv}"}},
+    }
+    with _daemon(values, tmp_path) as (proc, base):
+        # OTLP receivers pinned to localhost by the chart: reachable on 127.0.0.1
+        with socket.create_connection(("127.0.0.1", grpc), timeout=5):
+            pass
+        if _cli_has("simfleet"):
+            _simfleet(grpc)
+            configs: list[dict[str, Any]] = []
+
+            def published() -> bool:
+                configs[:] = json.loads(_get(base + "/v1/configurations")[1])["configurations"]
+                return bool(configs)
+
+            assert _wait_for("a snapshot", published, proc, 30), "no configuration published"
+            # whatever the simulated engines claim in their resource attributes, a sidecar
+            # learns for the identity its ConfigMap names
+            assert [c["labels"]["gpu"] for c in configs] == ["L40S"]
+            assert configs[0]["labels"]["tp"] == "2"
+            assert configs[0]["labels"]["model"] == "qwen2.5-7b-instruct"
+    log = (tmp_path / "config.log").read_text()
+    assert f"tcp://127.0.0.1:{kv}" in log  # subscribed to vLLM's KV publisher locally
 
 
 def _referenced() -> dict[str, set[str]]:
