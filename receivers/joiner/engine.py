@@ -26,6 +26,8 @@ import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
+import structlog
+
 from receivers.joiner import intervals as iv
 from receivers.joiner.composition import Life, aggregates_of, from_lives, from_snapshots
 from receivers.joiner.config import JoinerConfig
@@ -38,6 +40,8 @@ from receivers.observations import (
     StepObservation,
 )
 from receivers.records import BatchSummary, JourneyEvent, JourneyKind, RequestSnapshot, Source
+
+log = structlog.get_logger(__name__)
 
 SCHED, QUEUED, COMPL = 0, 1, 2
 _CAL_KEEP = 512  # calibration deltas kept per anchor type (a rolling sample)
@@ -119,6 +123,9 @@ class EngineState:
         self.n_anchors = 0
         self._purged_to = 0
         self.lives: dict[int, list[Life]] = {}
+        self.ambiguous = False
+        self.max_start_ns = 0
+        self.step_at_max_start = 0
 
     # ------------------------------------------------------------------ ingest
 
@@ -132,14 +139,35 @@ class EngineState:
         if step > self.max_step:
             self.max_step = step
 
+    def is_restart(self, s: BatchSummary) -> bool:
+        """A summary later in time than the latest one but not later in step ids: the
+        engine restarted (its counter starts again at 1 under the same identity). Within
+        one engine incarnation schedule starts grow with step ids, so out-of-order
+        deliveries never look like this."""
+        return s.step <= self.step_at_max_start and s.start_mono_ns > self.max_start_ns
+
     def add_summary(self, s: BatchSummary) -> str:
         """Store a summary; returns ``ok``, ``duplicate`` or ``late``."""
         n = s.step
-        if n in self.summaries or n in self.finalized:
+        old = self.summaries.get(n)
+        if old is not None and old.start_mono_ns != s.start_mono_ns and not self.ambiguous:
+            # two engines behind one identity (DP > 1 without a per-process resource
+            # attribute, spec §7.5): their step ids collide, so nothing keyed by step is
+            # trustworthy for this source any more
+            self.ambiguous = True
+            log.warning(
+                "joiner: two engines share one source identity; step observations disabled",
+                source=self.source.id,
+                step=n,
+            )
+        if old is not None or n in self.finalized:
             return "duplicate"
         if n < self.horizon:
             return "late"
         self.summaries[n] = s
+        if s.start_mono_ns > self.max_start_ns:
+            self.max_start_ns = s.start_mono_ns
+            self.step_at_max_start = n
         d = s.end_mono_ns - s.start_mono_ns
         if d > self.max_duration_ns:
             self.max_duration_ns = d
@@ -220,6 +248,8 @@ class EngineState:
         Final means no nearer summary can still arrive: distance 0, or the step spans
         covering ``[q - d, q + d]`` have all been delivered.
         """
+        if self.ambiguous:
+            return None, True
         steps = self.summary_steps
         dmax = self.cfg.queue_state_max_distance
         best: int | None = None
@@ -333,6 +363,8 @@ class EngineState:
         self.finalized.add(n)
         self._vote_async(n)
         self._vote_async(n + 1)
+        if self.ambiguous:
+            return StepResult(None, "rejected", "ambiguous_source")
         if n <= self.cfg.warmup_steps:
             return StepResult(None, "rejected", "warmup")
         if s.scheduled_tokens == 0:

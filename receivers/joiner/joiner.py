@@ -90,6 +90,7 @@ class Joiner:
         self._kv_done: dict[tuple[bool, kvmod.TransferKey], int] = {}
         self._kv_early: dict[kvmod.TransferKey, KVTransfer] = {}  # completed, not initiated
         self._kv_link: dict[tuple[str, int], str] = {}
+        self._restarts: dict[str, list[int]] = {}
         self._kv_sources: dict[tuple[str, int], Source] = {}
         self._kv_steps: dict[tuple[str, int], dict[int, list[KVTransferObservation]]] = {}
         self._out: list[Observation] = []
@@ -339,19 +340,26 @@ class Joiner:
         si = s.span
         self._see(si.source, s.wall_ns)
         eng = self._engines.get(si.source.id) or self._engine(si.source)
-        if s.step < eng.horizon and s.wall_ns > self._wm[si.source.id] - self._window_ns // 2:
-            eng = self._restart(eng)
+        if eng.is_restart(s):
+            eng = self._restart(eng, s.wall_ns)
         res = eng.add_summary(s)
         if res != "ok":
             self.metrics.outcome("step", res, "summary")
 
-    def _restart(self, eng: EngineState) -> EngineState:
-        """A fresh summary below the horizon: the engine restarted under the same identity
-        (step ids start again at 1). Finish what the old incarnation left, start anew."""
+    def _restart(self, eng: EngineState, wall_ns: int) -> EngineState:
+        """The engine restarted under the same identity (step ids start again at 1).
+        Finish what the old incarnation left and start anew; restarts that keep coming
+        mean two live engines behind one identity, whose steps cannot be told apart."""
         for n in eng.drain_all():
             self._finalize_step(eng, n)
-        log.info("joiner: engine restart detected", source=eng.source.id, max_step=eng.max_step)
-        new = self._engines[eng.source.id] = EngineState(eng.source, self.cfg)
+        sid = eng.source.id
+        recent = [t for t in self._restarts.get(sid, []) if t > wall_ns - self._window_ns]
+        recent.append(wall_ns)
+        self._restarts[sid] = recent
+        log.info("joiner: engine restart detected", source=sid, max_step=eng.max_step)
+        new = self._engines[sid] = EngineState(eng.source, self.cfg)
+        if len(recent) >= 3 or eng.ambiguous:
+            new.ambiguous = True
         self._kv_link = {k: v for k, v in self._kv_link.items() if v != eng.source.id}
         return new
 

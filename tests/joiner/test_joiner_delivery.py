@@ -239,3 +239,15 @@ def test_tick_with_wall_clock_finalizes_an_idle_engine() -> None:
     got += j.tick(last_wall + 60 * S_NS)
     assert any(isinstance(o, StepObservation) for o in got)
     assert j.flush() == []  # nothing was left waiting
+
+
+def test_two_engines_behind_one_identity_give_no_step_observations() -> None:
+    """DP=2 without a per-process resource attribute: step ids collide (spec §7.5)."""
+    a, _ = generate(SynthConfig(duration_s=5, step_rate=0.5, seed=41))
+    b, _ = generate(SynthConfig(duration_s=5, step_rate=0.5, seed=42))
+    shift = 3_000_001  # a different mono history, same source id
+    b = [(t, [_shift_record(r, shift, 0, renumber=False) for r in recs]) for t, recs in b]
+    merged = sorted(a + b, key=lambda x: x[0])
+    j, _, out = _run(merged, JoinerConfig(window_s=60))
+    assert not [o for o in out if isinstance(o, StepObservation)]
+    assert j.metrics.reasons[("step", "rejected", "ambiguous_source")] > 0
