@@ -26,6 +26,7 @@ False
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -42,7 +43,8 @@ DetectorName = Literal["adwin", "page_hinkley"]
 
 
 class DriftEvent(dict[str, Any]):
-    """One detection: ``{"n": observation index, "time_ns": clock or None, "detector": name}``."""
+    """One detection: ``{"n": observation index, "time_ns": stream clock or None,
+    "wall_ns": wall clock at detection, "detector": name}``."""
 
 
 class DriftMonitor:
@@ -108,7 +110,12 @@ class DriftMonitor:
         if self._seen <= self.grace or not self._det.drift_detected:
             return False
         self.detections += 1
-        ev = DriftEvent(n=n, time_ns=self.clock_ns, detector=self.detector)
+        ev = DriftEvent(
+            n=n,
+            time_ns=self.clock_ns,  # the stream's clock, when the caller provides it
+            wall_ns=time.time_ns(),
+            detector=self.detector,
+        )
         self.history.append(ev)
         del self.history[: -self.max_history]
         _log.info(

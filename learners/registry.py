@@ -308,6 +308,8 @@ class LearnerSet:
             else:
                 xe = None
         scored = self._score(evaluator, "step_period", y, preds, regime)
+        if beta.drift is not None:  # detections are stamped with the engine's step clock
+            beta.drift.clock_ns = obs.start_mono_ns
         beta.learn_many(x[None, :], [y])
         if xe is not None:
             self.learner("beta_extended").learn_many(xe[None, :], [y])
