@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -107,10 +108,16 @@ def _cli_has(command: str) -> bool:
 
 class Scrape:
     def __init__(self, text: str) -> None:
-        self.families = {f.name: f.type for f in text_string_to_metric_families(text)}
+        families = list(text_string_to_metric_families(text))
+        self.families = {f.name: f.type for f in families}
         self.samples: set[str] = set()
         for name, kind in self.families.items():
             self.samples |= sample_names(name, kind)
+        #: series name → label names seen on it
+        self.labels: dict[str, set[str]] = {}
+        for f in families:
+            for sample in f.samples:
+                self.labels.setdefault(sample.name, set()).update(sample.labels)
 
 
 def _events_received(base: str) -> float:
@@ -298,6 +305,30 @@ def test_dashboard_alerts_collector_use_only_exported_metrics(
     # Names the live daemon has must come from it, not just from the table.
     used = set().union(*refs.values())
     assert used & live.samples, "nothing the dashboard uses is live"
+
+
+_SELECTOR = re.compile(r"(coeffd_[a-z0-9_]+)\{([^}]*)\}")
+_MATCHER = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)")
+
+
+def test_dashboard_and_alert_label_matchers_exist_on_live_series(
+    scrape: tuple[Scrape, str],
+) -> None:
+    """`metric{label=...}` in the dashboard and the alerts only name labels the live
+    series carry (a typo'd label silently matches nothing in PromQL)."""
+    live, _ = scrape
+    dashboard = json.loads((DEPLOY / "grafana" / "coeffd-dashboard.json").read_text())
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "coeffd-alerts.yaml").read_text())
+    exprs = dashboard_exprs(dashboard) + [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    checked = 0
+    for expr in exprs:
+        for metric, matchers in _SELECTOR.findall(expr):
+            if metric not in live.labels:  # family without series yet: nothing to compare
+                continue
+            for label in _MATCHER.findall(matchers):
+                assert label in live.labels[metric], f"{metric} has no label {label!r}"
+                checked += 1
+    assert checked > 0
 
 
 def test_contract_parser_reads_the_table() -> None:
