@@ -264,3 +264,23 @@ def test_unidentified_constant_group_stays_at_prior() -> None:
     assert ident.tolist() == [True, False, False, False]
     assert m.coef[1:].sum() == pytest.approx(60.0, rel=1e-6)
     np.testing.assert_allclose(m.coef[1:], [20.0, 20.0, 20.0], rtol=1e-4)  # prior split
+
+
+def test_dataframe_input_clone_and_validation() -> None:
+    pd = pytest.importorskip("pandas")
+    rng = np.random.default_rng(11)
+    x = rng.uniform(0.5, 2, (100, 3))
+    y = x @ np.array([1.0, 2.0, 3.0])
+    m = RLSRegressor(["a", "b", "c"], forgetting=1.0, prior_precision=1e-9)
+    frame = pd.DataFrame(x[:, ::-1], columns=["c", "b", "a"])  # columns matched by name
+    m.learn_many(frame, y)
+    np.testing.assert_allclose(m.coef, [1.0, 2.0, 3.0], rtol=1e-8)
+    np.testing.assert_allclose(m.predict_many(frame), y, rtol=1e-8)
+    fresh = m.clone()
+    assert fresh.n_learned == 0 and fresh.features == m.features
+    with pytest.raises(ValueError):
+        m.learn_many(np.ones((3, 2)), np.ones(3))
+    with pytest.raises(ValueError):
+        RLSRegressor(["a"], forgetting=0.0)
+    with pytest.raises(ValueError):
+        RLSRegressor(["a", "b"], prior_mean=[1.0])
