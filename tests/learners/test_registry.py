@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -27,6 +28,13 @@ from receivers.observations import (
 from receivers.records import Source
 
 SRC = Source(id="engine-0", attributes=(("coeffd.model", "llama-3.1-8b-instruct"),))
+# The joiner's estimate of the engine-loop wait inside arrival→QUEUED (BLIS's α0 excludes
+# it); passed only where the observation record has the field.
+LOOP_WAIT: dict[str, Any] = (
+    {"queued_loop_wait_us": 0.0}
+    if "queued_loop_wait_us" in RequestObservation.__struct_fields__
+    else {}
+)
 
 
 def _cfg(**kw: object) -> ServingConfig:
@@ -149,6 +157,7 @@ def test_request_and_kv_observations() -> None:
                     kv_usage_gpu_ratio=0.5,
                     distance_steps=0,
                 ),
+                **LOOP_WAIT,
             ),
         )
         nbytes = float(rng.integers(1, 64)) * 2 * 1024 * 1024
