@@ -573,8 +573,17 @@ class RLSRegressor(base.Regressor):
             self._scale = 1.0
         c = w * after / self._scale
         xc = x * np.sqrt(c)[:, None]
+        cy = c * y
+        # A finite row can still overflow once squared (|x| ~ 1e200): reject it here rather
+        # than let one inf poison the statistics for good.
+        fine = np.isfinite(xc).all(axis=1) & np.isfinite(cy) & (np.abs(xc).max(axis=1) < 1e150)
+        if not fine.all():
+            bad = int((~fine).sum())
+            self.n_rejected += bad
+            self.n_learned -= bad
+            xc, x, cy = xc[fine], x[fine], cy[fine]
         self._a += xc.T @ xc  # symmetric by construction
-        self._b += x.T @ (c * y)
+        self._b += x.T @ cy
         self._theta = None
         self._valid = None
         if detected_at >= 0 and self.drift is not None:

@@ -147,6 +147,11 @@ def test_non_finite_inputs_are_rejected_and_counted() -> None:
     assert m.n_rejected == 8
     assert m.n_learned == 3
     assert np.all(np.isfinite(m.coef))
+    m.learn_one({"a": 1e200, "b": 1.0}, 1.0)  # finite, but its square is not
+    m.learn_many(np.array([[1e200, 1.0]]), np.array([1.0]))
+    a, b = m.information()  # (overflowing rows are caught when folded)
+    assert m.n_rejected == 10 and m.n_learned == 3
+    assert np.all(np.isfinite(a)) and np.all(np.isfinite(b)) and np.all(np.isfinite(m.coef))
 
 
 def test_valid_output_on_adversarial_data() -> None:
