@@ -23,13 +23,18 @@ def _solve_spd(a: FloatArray, b: FloatArray) -> FloatArray:
     """Solve a small symmetric system; fall back to least squares when singular."""
     try:
         c = np.linalg.cholesky(a)
-        return np.linalg.solve(c.T, np.linalg.solve(c, b))  # type: ignore[no-any-return]
+        return np.asarray(np.linalg.solve(c.T, np.linalg.solve(c, b)), dtype=np.float64)
     except np.linalg.LinAlgError:
         return np.asarray(np.linalg.lstsq(a, b, rcond=None)[0], dtype=np.float64)
 
 
 def nnls_information(
-    a: FloatArray, b: FloatArray, *, max_iter: int | None = None, tol: float = 1e-10
+    a: FloatArray,
+    b: FloatArray,
+    *,
+    max_iter: int | None = None,
+    tol: float = 1e-10,
+    warm: npt.NDArray[np.bool_] | None = None,
 ) -> FloatArray:
     """Minimise ``½ θᵀ a θ − bᵀ θ`` subject to ``θ ≥ 0`` (Lawson–Hanson active set).
 
@@ -39,6 +44,9 @@ def nnls_information(
     >>> a = np.array([[2.0, 0.0], [0.0, 1.0]])
     >>> nnls_information(a, np.array([4.0, -3.0])).round(9).tolist()
     [2.0, 0.0]
+
+    ``warm`` (the positive set of a previous solution) lets a streaming caller skip the
+    active-set iterations when the set has not changed.
 
     Collinear columns: the fit is shared out non-negatively, never clipped.
 
@@ -53,6 +61,18 @@ def nnls_information(
     # Relative tolerance: the gradient scale is that of b (or of a if b is all zero).
     scale = max(float(np.max(np.abs(b), initial=0.0)), float(np.max(np.abs(a), initial=0.0)))
     eps = tol * (scale if scale > 0 else 1.0)
+    if warm is not None and warm.any():
+        # Warm start (a streaming learner's active set rarely changes between updates):
+        # solve on the previous positive set and accept it if it satisfies the KKT
+        # conditions — positive on the set, no descent direction off it.
+        idx = np.flatnonzero(warm)
+        z = _solve_spd(a[np.ix_(idx, idx)], b[idx])
+        if np.all(z > 0):
+            cand = np.zeros(n)
+            cand[idx] = z
+            g = b - a @ cand
+            if float(np.max(g[~warm], initial=-np.inf)) <= eps:
+                return cand
     grad = b - a @ theta
     iterations = 0
     limit = max_iter if max_iter is not None else 3 * n + 10

@@ -166,6 +166,7 @@ class RLSRegressor(base.Regressor):
         self._fast_forgetting = self.forgetting
         self._theta: FloatArray | None = None
         self._valid: FloatArray | None = None
+        self._positive: npt.NDArray[np.bool_] | None = None  # NNLS warm start
 
     # ------------------------------------------------------------------ River API
 
@@ -255,7 +256,8 @@ class RLSRegressor(base.Regressor):
                 self._valid = theta
             else:
                 a, b = self.information()
-                self._valid = nnls_information(a, b)
+                self._valid = nnls_information(a, b, warm=self._positive)
+                self._positive = self._valid > 0
         return self._valid.copy()
 
     def information(self) -> tuple[FloatArray, FloatArray]:

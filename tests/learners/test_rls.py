@@ -192,6 +192,9 @@ def test_nnls_random_problems_match_scipy() -> None:
         ref, _ = scipy_opt.nnls(x, y)
         got = nnls_information(x.T @ x, x.T @ y)
         assert np.all(got >= 0)
+        # A warm start from any guess gives the same optimum.
+        warm = nnls_information(x.T @ x, x.T @ y, warm=rng.random(8) < 0.5)
+        np.testing.assert_allclose(x @ warm, x @ got, atol=1e-7)
         # Collinear columns make θ non-unique; the fitted values and objective are unique.
         np.testing.assert_allclose(x @ got, x @ ref, atol=1e-7)
 
