@@ -26,7 +26,13 @@ Weights. ``weighting="relative"`` weights a row by ``1/ŷ²`` (ŷ from ``θ_w``)
 carry multiplicative noise, so this is the efficient (feasible GLS) estimator and the
 one that minimises relative error. ``huber=c`` down-weights rows whose standardised
 residual exceeds ``c`` by ``c/|z|`` (scale: exponentially weighted mean absolute
-residual, itself clipped at ``c``), so a stalled step cannot drag the fit.
+residual, itself clipped at ``c``), so a stalled step cannot drag the fit. With relative
+weights the information is in relative-error units, so the prior precision must be too
+(:func:`learners.prior.prior_precision`).
+
+Drift. An optional :class:`learners.drift.DriftMonitor` sees the standardised residuals of
+every folded row; on an alarm the data information is scaled down with θ held in place
+(:meth:`RLSRegressor.inflate`) and a short spell of faster forgetting follows.
 """
 
 from __future__ import annotations
