@@ -319,8 +319,12 @@ class LearnerSet:
     def _learn_request(self, obs: RequestObservation, evaluator: Evaluator | None) -> list[Scored]:
         out: list[Scored] = []
         default = dict(zip(ALPHA_TARGETS, BLIS_DEFAULT_ALPHA, strict=True))
+        # BLIS's α0 is arrival → enqueued; vLLM's QUEUED also waits for the engine loop's
+        # next iteration boundary, which BLIS simulates itself: learn α0 without it, and
+        # not at all while the joiner cannot estimate it yet.
+        wait = obs.queued_loop_wait_us
         for target, y in (
-            ("arrival_to_queued", obs.arrival_to_queued_us),
+            ("arrival_to_queued", None if wait is None else obs.arrival_to_queued_us - wait),
             ("finished_to_departed", obs.finished_to_departed_us),
             ("output_token", obs.first_token_to_response_us),
         ):

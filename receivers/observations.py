@@ -125,6 +125,10 @@ class RequestObservation(msgspec.Struct, frozen=True, gc=False):
     streaming: bool | None
     queue_state: QueueState | None
     api_source: Source | None = None
+    #: Expected part of ``arrival_to_queued_us`` spent waiting for the engine loop's next
+    #: iteration boundary (QUEUED is quantized to it, spec pitfall 9); BLIS's α0 excludes
+    #: it. None when the engine's periods are not known yet.
+    queued_loop_wait_us: float | None = None
 
 
 Observation = StepObservation | RequestObservation | KVTransferObservation

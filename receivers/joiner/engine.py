@@ -240,6 +240,52 @@ class EngineState:
         i = bisect.bisect_right(cov, [lo, float("inf")]) - 1
         return i >= 0 and cov[i][0] <= lo and cov[i][1] >= hi
 
+    # ------------------------------------------------------------ loop wait
+
+    def _latest_evidence(self, step: int, before_ns: int) -> tuple[int, int] | None:
+        """Latest (mono ns, step ≤ ``step``) at which the loop is known to have been
+        iterating, strictly before ``before_ns``; looks back at most 256 steps."""
+        summaries = self.summaries
+        for m in range(step, max(step - 256, self.horizon - 1), -1):
+            best = -1
+            s = summaries.get(m)
+            if s is not None and s.start_mono_ns < before_ns:
+                best = s.start_mono_ns
+            for d in self.anchors:
+                for t in d.get(m, ()):
+                    if best < t < before_ns:
+                        best = t
+            if best >= 0:
+                return best, m
+        return None
+
+    def loop_wait_ns(self, queued_mono_ns: int, queued_step: int) -> float | None:
+        """Expected time a request waited for the loop boundary at which it got QUEUED.
+
+        vLLM drains its input queue only between busy-loop iterations (spec pitfall 9),
+        so arrival→QUEUED = API overhead (BLIS's α0) + this wait; BLIS models the wait
+        itself (a request enqueued at t_a + α0 waits for the running step). On a busy
+        engine a delivery lands uniformly in time, so the wait is the length-biased mean
+        residual of the iteration period, E[P²]/(2E[P]) (renewal theory); on an idle
+        engine the loop wakes at once and the wait is ~0. Idle means: the latest step the
+        loop was seen at lies further back than its step count explains. None before
+        enough periods are known.
+        """
+        recent = self.recent_periods
+        if len(recent) < 8:
+            return None
+        m1 = sum(recent) / len(recent)
+        m2 = sum(p * p for p in recent) / len(recent)
+        residual = m2 / (2.0 * m1)
+        # Other requests drained at the same boundary are no evidence of a busy loop.
+        ev = self._latest_evidence(queued_step, queued_mono_ns - 500_000)
+        if ev is None:
+            return residual  # nothing seen for 256 steps before: a loaded engine
+        t, m = ev
+        typical = sorted(recent)[len(recent) // 2]
+        busy = queued_mono_ns - t <= 2.0 * (queued_step - m + 2) * typical
+        return residual if busy else 0.0
+
     # ------------------------------------------------------------ queue state
 
     def queue_state(self, queued_step: int) -> tuple[QueueState | None, bool]:

@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import msgspec
 import structlog
 from prometheus_client import CollectorRegistry
 
@@ -451,6 +452,12 @@ class Joiner:
         if obs is None:
             self.metrics.outcome("request", "rejected", reason)
             return
+        eng = self._engines.get(src.id)
+        q = core.queued
+        if eng is not None and q is not None:
+            wait = eng.loop_wait_ns(q.mono_ns, q.step)
+            if wait is not None:
+                obs = msgspec.structs.replace(obs, queued_loop_wait_us=wait / 1e3)
         self._out.append(obs)
         self.metrics.emitted("request")
 
