@@ -238,6 +238,7 @@ class LearningConsumer:
         policy: PublishPolicy | None = None,
         checkpoint_interval_s: float = 30.0,
         clock: Callable[[], float] = time.time,
+        live: bool = True,
     ) -> None:
         self.joiner = joiner
         self.registry = registry
@@ -247,6 +248,10 @@ class LearningConsumer:
         self.checkpoints = checkpoints
         self.policy = policy or PublishPolicy(interval_s=1.0, relative_threshold=0.02)
         self.checkpoint_interval_s = checkpoint_interval_s
+        # Live telemetry's wall clocks track ours, so an idle engine's last steps are
+        # finalized once the window has passed in real time; a replay of old files must
+        # run on the data's own time (its watermarks) or everything would expire at once.
+        self.live = live
         self._clock = clock
         self._pending: dict[str, _Pending] = {}
         self._configs: dict[str, ServingConfig] = {}
@@ -304,7 +309,7 @@ class LearningConsumer:
 
     def tick(self, now: float) -> None:
         """Expire join state, publish what is due, checkpoint on cadence."""
-        self._learn(self.joiner.tick(), now)
+        self._learn(self.joiner.tick(int(now * 1e9) if self.live else None), now)
         self.publish_due(now)
         if (
             self.checkpoints is not None

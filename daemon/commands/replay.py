@@ -1,4 +1,7 @@
-"""``coeffd replay FILE...``: feed recorded OTLP/JSON traces through the same pipeline.
+"""``coeffd replay FILE...``: learn from recorded OTLP/JSON traces through the same pipeline.
+
+Records go through the joiner and the learners exactly as live ones do; snapshots land in
+``publish.snapshot_dir`` (add ``--serve`` to keep the API up while replaying).
 
 Reads the Collector file exporter's format (see ``receivers.replay.reader``), waits
 for the pipeline instead of dropping when it is full, then drains and prints a summary.
@@ -15,6 +18,8 @@ import structlog
 
 from daemon.app import App
 from daemon.commands.common import EXIT_USAGE, add_settings_arguments, settings_from_args
+from daemon.commands.serve import build_app
+from daemon.learning import LearningConsumer
 from receivers.otlp.ingest import Ingestor
 from receivers.replay.reader import RECEIVER, ReplaySummary, replay_files
 
@@ -38,7 +43,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="also run the receivers and /metrics while replaying (default: pipeline only)",
     )
-    add_settings_arguments(p)
+    add_settings_arguments(p, serve=True)
     p.set_defaults(run=run)
     return p
 
@@ -79,7 +84,11 @@ def run(args: argparse.Namespace) -> int:
         settings.receivers.otlp_grpc.enabled = False
         settings.receivers.otlp_http.enabled = False
         settings.http.enabled = False
-    app = App(settings)
+    try:
+        app = build_app(settings, live=False)
+    except (OSError, ValueError) as e:
+        print(f"coeffd: cannot start: {e}", file=sys.stderr)
+        return 1
     app.start()
     try:
         summary = run_replay(app, list(args.files))
@@ -90,4 +99,11 @@ def run(args: argparse.Namespace) -> int:
     app.stop()
     for line in summary.lines():
         print(line)
+    consumer = app.consumer
+    if isinstance(consumer, LearningConsumer):
+        print(
+            f"learned {consumer.observations} observations for "
+            f"{len(consumer.registry)} configuration(s); "
+            f"{consumer.published} snapshot(s) in {settings.publish.snapshot_dir}"
+        )
     return 0

@@ -44,9 +44,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def build_consumer(
-    settings: Settings, registry: CollectorRegistry
+    settings: Settings, registry: CollectorRegistry, *, live: bool = True
 ) -> tuple[LearningConsumer, SnapshotStore]:
-    """The learning consumer of ``serve`` and its snapshot store, metrics on ``registry``."""
+    """The learning consumer and its snapshot store, metrics on ``registry``.
+
+    ``live``: telemetry arrives now (serve, demo); False for replays of recorded files.
+    """
     static = settings.configuration
     model_paths: dict[str, str] = {}
     hardware: str | None = None
@@ -79,16 +82,19 @@ def build_consumer(
             settings.publish.min_observations,
         ),
         checkpoint_interval_s=settings.state.checkpoint_interval_seconds,
+        live=live,
     )
     if checkpoints is not None and settings.state.restore:
         consumer.restore()
     return consumer, store
 
 
-def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> App:
+def build_app(
+    settings: Settings, registry: CollectorRegistry | None = None, *, live: bool = True
+) -> App:
     """A ready-to-start daemon: receivers + learning consumer + ``/v1`` API routes."""
     registry = registry if registry is not None else CollectorRegistry()
-    consumer, store = build_consumer(settings, registry)
+    consumer, store = build_consumer(settings, registry, live=live)
     app = App(settings, consumer=consumer, registry=registry)
     api.mount(app.router, store)
     return app

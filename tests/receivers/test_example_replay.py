@@ -211,7 +211,21 @@ def test_replay_cli_summary_and_bad_lines(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     path.write_bytes(EXAMPLE.read_bytes() + b"this is not json\n" + b'{"resourceSpans": 5}\n')
     proc = subprocess.run(
-        [sys.executable, "-m", "daemon", "replay", str(path), "--log-format", "json"],
+        [
+            sys.executable,
+            "-m",
+            "daemon",
+            "replay",
+            str(path),
+            "--log-format",
+            "json",
+            "--snapshot-dir",
+            str(tmp_path / "snap"),
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--model-config",
+            "qwen2.5-7b-instruct",
+        ],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -222,6 +236,9 @@ def test_replay_cli_summary_and_bad_lines(tmp_path: Path) -> None:
     assert "records: 15  rejected: 0  ignored: 0" in proc.stdout
     assert "  JourneyEvent.QUEUED: 1" in proc.stdout
     assert "undecodable export request" in proc.stdout  # logged, not crashed
+    # the example's one complete request is learned (alpha targets), for the sidecar's model
+    assert "learned 1 observations for 1 configuration(s)" in proc.stdout
+    assert (tmp_path / "state" / "checkpoint.bin").exists()
 
 
 @pytest.mark.parametrize("missing", ["nope.jsonl"])
