@@ -1,4 +1,4 @@
-"""``python -m bench NAME [ARGS]``: run ``bench/<NAME>.py``'s ``main(argv)``."""
+"""``python -m bench [NAME [ARGS]]``: run ``bench/<NAME>.py``'s ``main(argv)`` (all without NAME)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,15 @@ def _names() -> list[str]:
 def main(argv: list[str]) -> int:
     """Dispatch to one benchmark; without a name, list them."""
     names = _names()
-    if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m bench NAME [ARGS]\nbenchmarks: " + ", ".join(names))
-        return 0 if argv else 2
+    if argv and argv[0] in ("-h", "--help"):
+        print("usage: python -m bench [NAME [ARGS]]\nbenchmarks: " + ", ".join(names))
+        return 0
+    if not argv:  # `make bench`: every benchmark in turn, each with its defaults
+        worst = 0
+        for name in names:
+            print(f"\n=== bench {name} ===", flush=True)
+            worst = max(worst, int(importlib.import_module(f"bench.{name}").main([])))
+        return worst
     name = argv[0]
     if name not in names:
         print(f"unknown benchmark {name!r}; available: {', '.join(names)}", file=sys.stderr)

@@ -36,8 +36,8 @@ from daemon.publish.snapshot import (
 from learners.features.config import ENGINE_ATTRIBUTE, ServingConfig, ServingConfigError
 from learners.registry import ALPHA_TARGETS, ConfigSnapshot, LearnerRegistry, Scored
 from receivers.joiner import Joiner
-from receivers.observations import KVTransferObservation, Observation
-from receivers.records import Record, Source
+from receivers.observations import KVTransferObservation, Observation, StepObservation
+from receivers.records import BatchSummary, Record, Source
 
 __all__ = ["ConfigResolver", "LearningConsumer", "ServeMetrics", "to_snapshot"]
 
@@ -101,6 +101,13 @@ class ServeMetrics:
             buckets=_FRESHNESS_BUCKETS,
             registry=registry,
         )
+        self.step_freshness = Histogram(
+            "coeffd_step_freshness_seconds",
+            "Time from a step summary's arrival to the first snapshot learned from it "
+            "(includes the joiner's wait for the journey events around the step).",
+            buckets=(*_FRESHNESS_BUCKETS, 120.0, 300.0),
+            registry=registry,
+        )
         self.publish_refused = Counter(
             "coeffd_snapshot_refused_total",
             "Snapshots not published because the vector was invalid for BLIS.",
@@ -162,7 +169,8 @@ class ConfigResolver:
 class _Pending:
     """Per configuration: what the next snapshot will include."""
 
-    first_arrival: float | None = None
+    first_arrival: float | None = None  # of the oldest observation not yet published
+    first_step_arrival: float | None = None  # of that observation's step summary
     last_published_version: int = -1
     drift_seen: dict[str, int] = field(default_factory=dict)
 
@@ -261,6 +269,11 @@ class LearningConsumer:
         self._unresolved_kv: collections.deque[KVTransferObservation] = collections.deque(
             maxlen=10_000
         )
+        # Arrival time of each step summary, until its observation is learned (bounded:
+        # most sampled steps never become observations, the oldest are forgotten).
+        self._summary_arrival: collections.OrderedDict[tuple[str, int], float] = (
+            collections.OrderedDict()
+        )
         self.records = 0
         self.observations = 0
         self.published = 0
@@ -305,7 +318,14 @@ class LearningConsumer:
     def consume(self, records: Sequence[Record]) -> None:
         """Join a batch of records and learn every observation it completes."""
         self.records += len(records)
-        self._learn(self.joiner.push_many(records), self._clock())
+        now = self._clock()
+        arrival = self._summary_arrival
+        for r in records:
+            if type(r) is BatchSummary:
+                arrival[(r.span.source.id, r.step)] = now
+        while len(arrival) > 200_000:
+            arrival.popitem(last=False)
+        self._learn(self.joiner.push_many(records), now)
 
     def tick(self, now: float) -> None:
         """Expire join state, publish what is due, checkpoint on cadence."""
@@ -357,6 +377,10 @@ class LearningConsumer:
                 p = self._pending[cid] = _Pending()
             if p.first_arrival is None:
                 p.first_arrival = now
+            if isinstance(obs, StepObservation):
+                t = self._summary_arrival.pop((obs.source.id, obs.step), None)
+                if t is not None and (p.first_step_arrival is None or t < p.first_step_arrival):
+                    p.first_step_arrival = t
             for s in scored:
                 self._record(cid, s)
         self.metrics.configurations.set(len(self.registry))
@@ -437,7 +461,9 @@ class LearningConsumer:
         self.published += 1
         if p.first_arrival is not None:
             self.metrics.freshness.observe(max(0.0, now - p.first_arrival))
-        p.first_arrival = None
+        if p.first_step_arrival is not None:
+            self.metrics.step_freshness.observe(max(0.0, now - p.first_step_arrival))
+        p.first_arrival = p.first_step_arrival = None
         ls = self.registry.get(cid)
         p.last_published_version = ls.version if ls is not None else -1
         for i, val in enumerate(snap.alpha):

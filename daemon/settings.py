@@ -156,6 +156,9 @@ class PipelineSettings(_Section):
     drain_timeout_seconds: float = Field(default=10.0, ge=0.0, le=3600.0)
     #: How often the consumer's ``tick`` runs (window expiry, publishing).
     tick_interval_seconds: float = Field(default=1.0, gt=0.0, le=60.0)
+    #: ``learning``: joiner → learners → snapshots (the daemon). ``counting``: receivers
+    #: and queue only, records counted and dropped (ingest benchmarks, debugging).
+    consumer: Literal["learning", "counting"] = "learning"
 
 
 def _split_list(value: Any) -> Any:

@@ -94,6 +94,8 @@ def build_app(
 ) -> App:
     """A ready-to-start daemon: receivers + learning consumer + ``/v1`` API routes."""
     registry = registry if registry is not None else CollectorRegistry()
+    if settings.pipeline.consumer == "counting":
+        return App(settings, registry=registry)
     consumer, store = build_consumer(settings, registry, live=live)
     app = App(settings, consumer=consumer, registry=registry)
     api.mount(app.router, store)

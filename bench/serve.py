@@ -1,0 +1,350 @@
+"""``python -m bench serve``: ``coeffd serve`` end to end, one core, real gRPC.
+
+A daemon process pinned to one core receives simfleet's OTLP export requests from a
+sender pinned to the other core, at rising rates (events/s), until the daemon pushes back
+(gRPC ``UNAVAILABLE``: its pipeline queue is full). Measured in the same run:
+
+* **baseline**: the same daemon with ``pipeline.consumer = "counting"`` — receivers and
+  queue only — so the ratio shows what joining and learning cost on top of ingest;
+* **learning**: the real daemon (joiner → learners → snapshots).
+
+Reported: the sustained rate (highest level with no push-back and ≥ 97 % delivered), the
+freshness at half of it — observation → snapshot (``coeffd_snapshot_freshness_seconds``,
+what coeffd controls) and step summary arrival → snapshot (``coeffd_step_freshness_seconds``,
+which includes the joiner's wait for the journey events around a step) — and the RSS of a
+daemon that learns 100 configurations.
+
+Fresh data without generating millions of events: a base recording is replayed in rounds,
+each rewritten on the sender's core with new trace/span ids, a new engine identity
+(``coeffd.engine``, same configuration) and wall times shifted to the sending time — so
+nothing is a duplicate and the daemon's live clock sees current data.
+
+Targets: ≥ 150,000 events/s, p99 freshness ≤ 1 s at half load, RSS ≤ 150 MB (100 configs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import grpc
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from prometheus_client.parser import text_string_to_metric_families
+
+from receivers.otlp.decode import Decoder
+from simfleet import SampleRates, build, run
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+RATES = SampleRates(1.0, 1.0, 0.02, 100)
+
+
+@dataclasses.dataclass
+class Recording:
+    """Base export requests (parsed), their record counts, and the earliest wall time."""
+
+    requests: list[ExportTraceServiceRequest]
+    events: list[int]
+    wall0: int
+
+    @property
+    def total(self) -> int:
+        return sum(self.events)
+
+
+def record(scenario: str | list[Any], seconds: float, seed: int, rates: SampleRates) -> Recording:
+    """Run simfleet into memory; count records per request with the project's decoder."""
+    reqs: list[ExportTraceServiceRequest] = []
+    dec = Decoder()
+    events: list[int] = []
+
+    def sink(req: ExportTraceServiceRequest) -> None:
+        copy = ExportTraceServiceRequest()
+        copy.CopyFrom(req)
+        reqs.append(copy)
+        events.append(len(dec.decode(req).records))
+
+    run(scenario, seconds, seed, rates=rates, trace_sinks=[sink], max_events=100_000, drain_s=5)
+    wall0 = min(
+        s.start_time_unix_nano
+        for r in reqs
+        for rs in r.resource_spans
+        for ss in rs.scope_spans
+        for s in ss.spans
+    )
+    return Recording(reqs, events, wall0)
+
+
+def rewrite(req: ExportTraceServiceRequest, rnd: int, shift_ns: int) -> bytes:
+    """A fresh copy of ``req`` for replay round ``rnd``: new ids, engine and wall times."""
+    tag = rnd.to_bytes(4, "big")
+    out = ExportTraceServiceRequest()
+    out.CopyFrom(req)
+    for rs in out.resource_spans:
+        for kv in rs.resource.attributes:
+            if kv.key == "coeffd.engine":
+                kv.value.string_value = f"{kv.value.string_value}~{rnd}"
+        for ss in rs.scope_spans:
+            for s in ss.spans:
+                s.trace_id = tag + s.trace_id[4:]
+                s.span_id = tag[2:] + s.span_id[2:]
+                if s.parent_span_id:
+                    s.parent_span_id = tag[2:] + s.parent_span_id[2:]
+                s.start_time_unix_nano += shift_ns
+                s.end_time_unix_nano += shift_ns
+                for ev in s.events:
+                    ev.time_unix_nano += shift_ns
+    return out.SerializeToString()
+
+
+class Sender:
+    """Paced sender: replays ``rec`` in rounds at a target event rate, counting push-back."""
+
+    def __init__(self, port: int, rec: Recording) -> None:
+        self.channel = grpc.insecure_channel(
+            f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 64 << 20)]
+        )
+        self.export = self.channel.unary_unary(EXPORT)
+        self.rec = rec
+        self.idx = 0
+        self.round = 0
+        self.shift = 0
+
+    def _next(self) -> tuple[bytes, int]:
+        rec = self.rec
+        if self.idx == 0:
+            self.round += 1
+            self.shift = time.time_ns() - rec.wall0
+        i = self.idx
+        self.idx = (i + 1) % len(rec.requests)
+        return rewrite(rec.requests[i], self.round, self.shift), rec.events[i]
+
+    def level(self, rate: float, seconds: float) -> tuple[int, int, float]:
+        """Send at ``rate`` events/s for ``seconds``; (events delivered, push-backs, s)."""
+        sent = pushbacks = 0
+        t0 = time.monotonic()
+        pending: tuple[bytes, int] | None = None
+        while (now := time.monotonic()) - t0 < seconds:
+            if sent > (now - t0) * rate:
+                time.sleep(0.0005)
+                continue
+            if pending is None:
+                pending = self._next()
+            try:
+                self.export(pending[0], timeout=10)
+            except grpc.RpcError as e:
+                if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED):
+                    pushbacks += 1
+                    time.sleep(0.05)
+                    continue
+                raise
+            sent += pending[1]
+            pending = None
+        return sent, pushbacks, time.monotonic() - t0
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def _pin(core: int) -> None:
+    if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
+        os.sched_setaffinity(0, {core})
+
+
+class DaemonProc:
+    """``python -m daemon serve`` pinned to one core, JSON logs parsed for its ports."""
+
+    def __init__(self, tmp: Path, *settings: str) -> None:
+        cmd = [
+            sys.executable, "-m", "daemon", "serve", "--log-format", "json", "--log-level", "info",
+            "--http-endpoint", "127.0.0.1:0", "--otlp-grpc-endpoint", "127.0.0.1:0",
+            "--otlp-http-endpoint", "127.0.0.1:0", "--snapshot-dir", str(tmp / "snapshots"),
+            "--state-dir", str(tmp / "state"), *settings,
+        ]  # fmt: skip
+        if shutil.which("taskset") and (os.cpu_count() or 1) > 1:
+            cmd = ["taskset", "-c", "1", *cmd]
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
+        self.ports: dict[str, int] = {}
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if '"coeffd started"' in line:
+                self.ports = {
+                    k: int(re.search(rf'"{k}": (\d+)', line).group(1))  # type: ignore[union-attr]
+                    for k in ("http", "otlp_grpc")
+                }
+                break
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        assert self.proc.stdout is not None
+        for _ in self.proc.stdout:
+            pass
+
+    def metrics(self) -> dict[str, Any]:
+        url = f"http://127.0.0.1:{self.ports['http']}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode()
+        out: dict[str, Any] = {}
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                out.setdefault(s.name, []).append((s.labels, s.value))
+        return out
+
+    def total(self, name: str, **labels: str) -> float:
+        return sum(
+            v
+            for lab, v in self.metrics().get(name, [])
+            if all(lab.get(k) == want for k, want in labels.items())
+        )
+
+    def rss_mb(self) -> float:
+        pid = self.proc.pid
+        # taskset execs the daemon in place, so the pid is the daemon's
+        status = Path(f"/proc/{pid}/status").read_text()
+        return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024  # type: ignore[union-attr]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def quantile(buckets: list[tuple[float, float]], q: float) -> float:
+    """``q`` quantile of a cumulative Prometheus histogram (upper bucket bound)."""
+    if not buckets or buckets[-1][1] == 0:
+        return float("nan")
+    total = buckets[-1][1]
+    for le, c in buckets:
+        if c >= q * total:
+            return le
+    return float("inf")
+
+
+def histogram(d: DaemonProc, name: str) -> list[tuple[float, float]]:
+    rows = d.metrics().get(name + "_bucket", [])
+    return sorted((float(lab["le"]), v) for lab, v in rows)
+
+
+def ramp(
+    d: DaemonProc, rec: Recording, levels: list[float], seconds: float
+) -> tuple[float, list[str]]:
+    """Rising levels until push-back; returns the sustained rate and report lines."""
+    sender = Sender(d.ports["otlp_grpc"], rec)
+    sustained = 0.0
+    lines = []
+    try:
+        for rate in levels:
+            sent, pushbacks, dt = sender.level(rate, seconds)
+            got = sent / dt
+            ok = pushbacks == 0 and got >= 0.97 * rate
+            lines.append(
+                f"  {rate:>9,.0f} ev/s offered  {got:>9,.0f} delivered  push-backs {pushbacks:>4}"
+                f"  {'ok' if ok else 'saturated'}"
+            )
+            if not ok:
+                break
+            sustained = rate
+    finally:
+        sender.close()
+    return sustained, lines
+
+
+def hundred_configs(seconds: float) -> list[Any]:
+    """100 engines, each its own configuration (the fleet's models/GPUs, varied knobs)."""
+    base = [s for s in build("fleet", seconds) if s.serving.dp == 1]
+    out = []
+    for i in range(100):
+        b = base[i % len(base)]
+        serving = dataclasses.replace(b.serving, max_num_seqs=128 + i)
+        out.append(dataclasses.replace(b, name=f"bench-{i}", serving=serving))
+    return out
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench serve", description=__doc__)
+    p.add_argument("--seconds", type=float, default=6.0, help="seconds per rate level")
+    p.add_argument("--quick", action="store_true", help="fewer levels, shorter recording")
+    args = p.parse_args(argv)
+    levels = [10e3, 20e3, 40e3, 60e3, 80e3, 100e3, 150e3, 200e3, 250e3, 300e3]
+    if args.quick:
+        levels = [10e3, 40e3, 80e3, 150e3]
+    _pin(0)
+    print("recording the fleet scenario (simfleet, in memory)…", flush=True)
+    rec = record("fleet", 20 if args.quick else 60, 7, RATES)
+    print(f"  {len(rec.requests)} export requests, {rec.total:,} events per round")
+    tmp = Path(tempfile.mkdtemp(prefix="coeffd-bench-"))
+    fast = ("--set", "pipeline.tick_interval_seconds=0.25", "--set", "publish.interval_seconds=0.5")
+    results: dict[str, float] = {}
+    try:
+        for name, extra in (
+            ("baseline (counting consumer)", ("--set", "pipeline.consumer=counting")),
+            ("learning daemon", ()),
+        ):
+            d = DaemonProc(tmp / name.split()[0], *fast, *extra)
+            try:
+                print(f"\n{name}: rising rates, {args.seconds:.0f} s each")
+                sustained, lines = ramp(d, rec, levels, args.seconds)
+                print("\n".join(lines))
+                print(f"  sustained: {sustained:,.0f} events/s")
+                results[name] = sustained
+                if name.startswith("learning") and sustained > 0:
+                    d.stop()
+                    d = DaemonProc(tmp / "fresh", *fast)
+                    sender = Sender(d.ports["otlp_grpc"], rec)
+                    sender.level(sustained / 2, max(20.0, 3 * args.seconds))
+                    sender.close()
+                    time.sleep(2)
+                    obs = histogram(d, "coeffd_snapshot_freshness_seconds")
+                    step = histogram(d, "coeffd_step_freshness_seconds")
+                    print(
+                        f"  freshness at {sustained / 2:,.0f} ev/s: observation→snapshot "
+                        f"p50 ≤ {quantile(obs, 0.5)} s, p99 ≤ {quantile(obs, 0.99)} s; "
+                        f"step summary→snapshot p50 ≤ {quantile(step, 0.5)} s, "
+                        f"p99 ≤ {quantile(step, 0.99)} s"
+                    )
+            finally:
+                d.stop()
+        base, learn = results.values()
+        print(
+            f"\nend to end: {learn:,.0f} events/s sustained = {learn / base:.2f}× the "
+            f"counting-only baseline ({base:,.0f}); target ≥ 150,000"
+        )
+        print("\n100 configurations: recording…", flush=True)
+        rec100 = record(hundred_configs(10), 10, 8, SampleRates(1.0, 0.5, 0.02, 100))
+        d = DaemonProc(tmp / "hundred", *fast)
+        try:
+            idle = d.rss_mb()
+            sender = Sender(d.ports["otlp_grpc"], rec100)
+            sender.level(20e3, 1.2 * rec100.total / 20e3)
+            sender.close()
+            time.sleep(3)
+            configs = d.total("coeffd_configurations")
+            rss = d.rss_mb()
+            print(
+                f"  RSS {rss:.0f} MB with {configs:.0f} configurations learned "
+                f"(idle daemon {idle:.0f} MB, ratio {rss / idle:.2f}×); target ≤ 150 MB"
+            )
+        finally:
+            d.stop()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
