@@ -299,7 +299,7 @@ class LearnerSet:
         )
         beta = self.learner("beta")
         preds = {
-            "learned": float(x @ beta.nonnegative_coef()),
+            "learned": float(x @ beta.prediction_coef()),
             "blis_default": float(x @ np.asarray(BLIS_DEFAULT_BETA)),
             "batch_refit": self.baseline.predict_one(x),
         }
@@ -307,7 +307,8 @@ class LearnerSet:
         if self.settings.extended:
             xe = np.concatenate([x, extended_terms(obs, self.basis, self.config)])
             if np.all(np.isfinite(xe)):
-                preds["learned_extended"] = float(xe @ self.learner("beta_extended").coef)
+                ext = self.learner("beta_extended").prediction_coef(nonnegative=False)
+                preds["learned_extended"] = float(xe @ ext)
             else:
                 xe = None
         scored = self._score(evaluator, "step_period", y, preds, regime)
@@ -337,7 +338,7 @@ class LearnerSet:
             if not (math.isfinite(y) and y >= 0):
                 m.n_rejected += 1
                 continue
-            preds = {"learned": float(m.nonnegative_coef()[0]), "blis_default": default[target]}
+            preds = {"learned": float(m.prediction_coef()[0]), "blis_default": default[target]}
             out.append(self._score(evaluator, target, float(y), preds, None))
             m.learn_one({"one": 1.0}, float(y))
         qs = obs.queue_state
@@ -352,7 +353,7 @@ class LearnerSet:
             y = float(obs.queue_wait_us)
             if math.isfinite(y):
                 out.append(
-                    self._score(evaluator, "queue_wait", y, {"learned": m.predict_one(xq)}, None)
+                    self._score(evaluator, "queue_wait", y, {"learned": _fast_predict(m, xq)}, None)
                 )
             m.learn_one(xq, y)
         return out
@@ -372,7 +373,7 @@ class LearnerSet:
         y = float(obs.duration_us)
         scored = []
         if math.isfinite(y) and y > 0:
-            scored.append(self._score(evaluator, target, y, {"learned": m.predict_one(x)}, None))
+            scored.append(self._score(evaluator, target, y, {"learned": _fast_predict(m, x)}, None))
         m.learn_one(x, y)
         return scored
 
@@ -435,6 +436,13 @@ class LearnerSet:
             "created_wall_ns": self.created_wall_ns,
             "updated_wall_ns": self.updated_wall_ns,
         }
+
+
+def _fast_predict(m: RLSRegressor, x: Mapping[str, float]) -> float:
+    """Predict-before-learn with the coefficients of the last fold (see
+    :meth:`RLSRegressor.prediction_coef`)."""
+    theta = m.prediction_coef(nonnegative=False)
+    return float(sum(float(theta[i]) * x.get(f, 0.0) for i, f in enumerate(m.features)))
 
 
 def _publishable(v: FloatArray, n: int) -> bool:

@@ -59,6 +59,10 @@ _SQRT_HALF_PI = math.sqrt(math.pi / 2.0)  # E|e| = σ·√(2/π) for Gaussian e
 _RENORMALISE_BELOW = 1e-150  # keep the running scale inside float range
 
 
+#: Below this many learned rows, predictions fold pending rows first (see prediction_coef).
+_YOUNG_ROWS = 256
+
+
 class RLSRegressor(base.Regressor):
     """Exponentially forgetting recursive least squares with a prior, River style.
 
@@ -156,6 +160,10 @@ class RLSRegressor(base.Regressor):
         self._n_eff = 0.0  # λ-decayed count of learned rows
         self.n_learned = 0
         self._folded = 0  # rows folded so far (index of the next row for drift history)
+        self._generation = 0  # bumped when the statistics change other than by folding
+        self._pred: FloatArray | None = None
+        self._pred_free: FloatArray | None = None
+        self._pred_key = (-1, -1)
         self.n_rejected = 0
         self.n_downweighted = 0
         # Rows not yet folded (plain lists: appending is far cheaper than numpy writes).
@@ -266,6 +274,44 @@ class RLSRegressor(base.Regressor):
                 self._positive = self._valid > 0
         return self._valid.copy()
 
+    def prediction_coef(self, nonnegative: bool = True) -> FloatArray:
+        """Coefficients as of the last fold, for predicting each observation before it is
+        learned (prequential evaluation).
+
+        Once the learner has seen a few hundred rows, up to ``refresh_every - 1`` learned
+        rows stale, by design: :attr:`coef` and
+        :meth:`nonnegative_coef` fold pending rows first, so calling them before every
+        row would fold rows one at a time and pay a solve per observation. Do not modify
+        the returned array.
+
+        >>> m = RLSRegressor(["a"], refresh_every=4)
+        >>> for _ in range(300):
+        ...     m.learn_one({"a": 1.0}, 2.0)
+        >>> m.learn_one({"a": 1.0}, 10.0)   # pending in the next chunk
+        >>> round(float(m.prediction_coef()[0]), 3)   # as of the last fold
+        2.0
+        >>> float(m.nonnegative_coef()[0]) > 2.0   # folds the pending row
+        True
+        """
+        if self._pend_y and self.n_learned < _YOUNG_ROWS:
+            # A young learner's estimate moves fast, so staleness costs accuracy there;
+            # folding early is exact (weights use the frozen θ_w until the chunk refreshes).
+            self._fold()
+        key = (self._folded, self._generation)
+        if self._pred is None or self._pred_key != key:
+            prior_weight = self._decay if self.forget_prior else 1.0
+            a = self._scale * self._a + prior_weight * self._a0
+            b = self._scale * self._b + prior_weight * self._b0
+            theta = _solve(a, b, self._theta0)
+            self._pred_free = theta
+            if not np.all(theta >= 0):
+                theta = nnls_information(a, b, warm=self._positive)
+                self._positive = theta > 0  # the next fold rarely changes the active set
+            self._pred, self._pred_key = theta, key
+        out = self._pred if nonnegative else self._pred_free
+        assert out is not None
+        return out
+
     def information(self) -> tuple[FloatArray, FloatArray]:
         """Total information ``(A, b)``: decayed data plus prior."""
         if self._pend_y:
@@ -361,6 +407,7 @@ class RLSRegressor(base.Regressor):
             self._fast_left = fast_for
         self._theta = None
         self._valid = None
+        self._generation += 1
 
     # ------------------------------------------------------------------ merge / state
 
