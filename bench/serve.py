@@ -11,8 +11,9 @@ sender pinned to the other core, at rising rates (events/s), until the daemon pu
 Reported: the sustained rate (highest level with no push-back and ≥ 97 % delivered), the
 freshness at half of it — observation → snapshot (``coeffd_snapshot_freshness_seconds``,
 what coeffd controls) and step summary arrival → snapshot (``coeffd_step_freshness_seconds``,
-which includes the joiner's wait for the journey events around a step) — and the RSS of a
-daemon that learns 100 configurations.
+which includes the joiner's wait for the journey events around a step; the replay runs
+data time faster than real time, so this one comes out shorter than live, where it is
+bounded by ``joiner.window_s``) — and the RSS of a daemon that learns 100 configurations.
 
 Fresh data without generating millions of events: a base recording is replayed in rounds,
 each rewritten on the sender's core with new trace/span ids, a new engine identity

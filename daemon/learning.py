@@ -447,6 +447,11 @@ class LearningConsumer:
             self.metrics.publish_refused.labels(cid).inc()
             log.error("refusing to publish invalid coefficients", config=cid)
             return
+        if reason == "too_few_observations":
+            # Cold start, not staleness: what arrives before a configuration can be
+            # published at all is not counted against freshness.
+            p.first_arrival = p.first_step_arrival = None
+            return
         if not ok and not (force and reason == "unchanged"):
             return
         cfg = self._configs.get(cid)

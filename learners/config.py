@@ -73,7 +73,7 @@ class LearnersConfig(BaseModel):
     prior_strength: float = Field(default=0.01, gt=0)
     prior_scale_floor: float = Field(default=1.0, gt=0, description="prior scale of zero coefs")
     identify_threshold: float = Field(default=0.5, gt=0, lt=1)
-    max_configurations: int = Field(default=64, ge=1, description="LRU bound of live sets")
+    max_configurations: int = Field(default=128, ge=1, description="LRU bound of live sets")
     max_parked: int = Field(default=1024, ge=0, description="evicted states kept in memory")
     extended: bool = Field(default=True, description="also learn the extended-feature model")
     drift: DriftConfig = Field(default_factory=DriftConfig)

@@ -20,7 +20,6 @@ on prefills.
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -61,14 +60,35 @@ def step_regime(
     return "mixed"
 
 
+class _Ring:
+    """The last ``size`` floats in a preallocated array (8 bytes a value, not a boxed
+    float in a deque: these windows exist per configuration × target × source × regime)."""
+
+    __slots__ = ("_buf", "_i", "n")
+
+    def __init__(self, size: int) -> None:
+        self._buf = np.empty(size)
+        self._i = 0
+        self.n = 0
+
+    def append(self, v: float) -> None:
+        self._buf[self._i] = v
+        self._i = (self._i + 1) % len(self._buf)
+        if self.n < len(self._buf):
+            self.n += 1
+
+    def mean(self) -> float:
+        return float(self._buf[: self.n].mean()) if self.n else math.nan
+
+
 class RollingError:
     """Rolling absolute-percentage and squared error over the last ``window`` rows."""
 
     __slots__ = ("_ape", "_se", "n_total")
 
     def __init__(self, window: int) -> None:
-        self._ape: deque[float] = deque(maxlen=window)
-        self._se: deque[float] = deque(maxlen=window)
+        self._ape = _Ring(window)
+        self._se = _Ring(window)
         self.n_total = 0
 
     def update(self, y: float, yhat: float) -> float:
@@ -83,14 +103,14 @@ class RollingError:
 
     @property
     def mape(self) -> float:
-        return sum(self._ape) / len(self._ape) if self._ape else math.nan
+        return self._ape.mean()
 
     @property
     def rmse(self) -> float:
-        return math.sqrt(sum(self._se) / len(self._se)) if self._se else math.nan
+        return math.sqrt(self._se.mean()) if self._se.n else math.nan
 
     def as_dict(self) -> dict[str, float]:
-        return {"mape": self.mape, "rmse": self.rmse, "n": float(len(self._se))}
+        return {"mape": self.mape, "rmse": self.rmse, "n": float(self._se.n)}
 
 
 class Evaluator:
@@ -162,8 +182,11 @@ class WindowedRefit:
     ) -> None:
         self.window = window
         self.refit_every = refit_every
-        self._x: deque[FloatArray] = deque(maxlen=window)
-        self._y: deque[float] = deque(maxlen=window)
+        # Ring buffers, not a deque of row arrays (~200 B of object overhead per row).
+        self._x = np.empty((window, n_features))
+        self._y = np.empty(window)
+        self._i = 0
+        self._n = 0
         self._since = 0
         self.coef: FloatArray = (
             np.zeros(n_features) if initial is None else np.asarray(initial, dtype=float)
@@ -172,18 +195,20 @@ class WindowedRefit:
     def learn_one(self, x: Sequence[float] | FloatArray, y: float) -> None:
         if not (math.isfinite(y) and y > 0):
             return
-        self._x.append(np.asarray(x, dtype=float))
-        self._y.append(y)
+        self._x[self._i] = x
+        self._y[self._i] = y
+        self._i = (self._i + 1) % self.window
+        self._n = min(self._n + 1, self.window)
         self._since += 1
         if self._since >= self.refit_every:
             self._since = 0
             self.refit()
 
     def refit(self) -> None:
-        if not self._y:
+        if not self._n:
             return
-        x = np.vstack(self._x)
-        y = np.asarray(self._y)
+        x = self._x[: self._n]
+        y = self._y[: self._n]
         w = 1.0 / (y * y)
         a = (x * w[:, None]).T @ x
         b = x.T @ (w * y)
@@ -195,4 +220,4 @@ class WindowedRefit:
         return float(np.asarray(x, dtype=float) @ self.coef)
 
     def summary(self) -> dict[str, Any]:
-        return {"window": self.window, "refit_every": self.refit_every, "rows": len(self._y)}
+        return {"window": self.window, "refit_every": self.refit_every, "rows": self._n}
