@@ -35,6 +35,7 @@ import structlog
 from prometheus_client import CollectorRegistry, Gauge
 
 from daemon.publish.atomic import atomic_write_bytes, is_temp_file
+from learners.features.basis import check_coeffs
 
 log = structlog.get_logger(__name__)
 
@@ -163,16 +164,10 @@ def decode_snapshot(data: bytes | str) -> Snapshot:
 
 
 def _check_values(name: str, values: Sequence[float]) -> None:
-    for i, v in enumerate(values):
-        # bool is an int subclass; BLIS parses float64s, so a bool here is a caller bug.
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            raise InvalidCoefficientsError(f"{name}[{i}] = {v!r} is not a number")
-        if math.isnan(v):
-            raise InvalidCoefficientsError(f"{name}[{i}] is NaN")
-        if math.isinf(v):
-            raise InvalidCoefficientsError(f"{name}[{i}] is Inf")
-        if v < 0:
-            raise InvalidCoefficientsError(f"{name}[{i}] = {v!r} must be non-negative")
+    try:
+        check_coeffs(values, name)
+    except ValueError as e:
+        raise InvalidCoefficientsError(str(e)) from None
 
 
 def validate_for_blis(

@@ -105,8 +105,14 @@ class BasisConfigError(ValueError):
 
 
 def check_coeffs(values: Sequence[float], what: str) -> None:
-    """BLIS's coefficient validation: every value finite and ≥ 0 (messages as upstream)."""
+    """BLIS's coefficient validation: every value finite and ≥ 0 (messages as upstream).
+
+    The one implementation of spec §7.1 rule 8: the publisher's snapshot check uses it too.
+    """
     for i, v in enumerate(values):
+        # bool is an int subclass; BLIS parses float64s, so a bool here is a caller bug.
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ValueError(f"{what}[{i}] = {v!r} is not a number")
         fv = float(v)
         if math.isnan(fv):
             raise ValueError(f"{what}[{i}] is NaN")
