@@ -60,7 +60,7 @@ _RENORMALISE_BELOW = 1e-150  # keep the running scale inside float range
 
 
 #: Below this many learned rows, predictions fold pending rows first (see prediction_coef).
-_YOUNG_ROWS = 256
+_YOUNG_ROWS = 128
 
 
 class RLSRegressor(base.Regressor):
@@ -164,6 +164,7 @@ class RLSRegressor(base.Regressor):
         self._pred: FloatArray | None = None
         self._pred_free: FloatArray | None = None
         self._pred_key = (-1, -1)
+        self._pred_ab: tuple[FloatArray, FloatArray] = (np.zeros((d, d)), np.zeros(d))
         self.n_rejected = 0
         self.n_downweighted = 0
         # Rows not yet folded (plain lists: appending is far cheaper than numpy writes).
@@ -298,19 +299,26 @@ class RLSRegressor(base.Regressor):
             # folding early is exact (weights use the frozen θ_w until the chunk refreshes).
             self._fold()
         key = (self._folded, self._generation)
-        if self._pred is None or self._pred_key != key:
+        if self._pred_key != key:
             prior_weight = self._decay if self.forget_prior else 1.0
             a = self._scale * self._a + prior_weight * self._a0
             b = self._scale * self._b + prior_weight * self._b0
-            theta = _solve(a, b, self._theta0)
-            self._pred_free = theta
+            self._pred_free = _solve(a, b, self._theta0)
+            self._pred = None  # the non-negative fit only when asked for (an NNLS solve)
+            self._pred_key = key
+            self._pred_ab = (a, b)
+        if not nonnegative:
+            assert self._pred_free is not None
+            return self._pred_free
+        if self._pred is None:
+            theta = self._pred_free
+            assert theta is not None
             if not np.all(theta >= 0):
+                a, b = self._pred_ab
                 theta = nnls_information(a, b, warm=self._positive)
                 self._positive = theta > 0  # the next fold rarely changes the active set
-            self._pred, self._pred_key = theta, key
-        out = self._pred if nonnegative else self._pred_free
-        assert out is not None
-        return out
+            self._pred = theta
+        return self._pred
 
     def information(self) -> tuple[FloatArray, FloatArray]:
         """Total information ``(A, b)``: decayed data plus prior."""
