@@ -486,6 +486,7 @@ class LearningConsumer:
             if ls is None:
                 continue
             drift = sum(m.drift.detections for m in ls.learners.values() if m.drift is not None)
+            alpha = self.registry.snapshot(cid).alpha
             rows.append(
                 {
                     "config": cid,
@@ -494,6 +495,7 @@ class LearningConsumer:
                     "step_mape": ev.mape(cid, "step_period", "learned"),
                     "step_mape_default": ev.mape(cid, "step_period", "blis_default"),
                     "alpha_mape": [ev.mape(cid, t, "learned") for t in ALPHA_TARGETS],
+                    "alpha": list(alpha),
                     "drift": drift,
                 }
             )

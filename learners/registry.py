@@ -70,6 +70,7 @@ QUEUE_FEATURES: tuple[str, ...] = ("one", "waiting_depth", "running_depth", "kv_
 KV_FEATURES: tuple[str, ...] = ("one", "bytes")
 BETA_EXTENDED_FEATURES: tuple[str, ...] = tuple(TERM_NAMES) + tuple(EXTENDED_NAMES)
 _ONE = ("one",)
+_NO_DRIFT = frozenset({"kv_store", "kv_load", "queue_wait"})
 
 
 @dataclass(frozen=True)
@@ -189,10 +190,11 @@ class LearnerSet:
             "huber": s.huber,
             "scale_memory": s.scale_memory,
             "refresh_every": s.refresh_every,
-            # KV transfer durations are only seen in whole step periods (completions are
-            # published once per step), so their residuals move with the engine's load,
-            # not with the transfer cost: a detector there raises false alarms.
-            "drift": None if target in ("kv_store", "kv_load") else self._drift(target),
+            # No detector where residuals follow the load rather than the coefficients, or
+            # it raises false alarms on a stationary system: KV transfer durations are
+            # only seen in whole step periods (completions are published once per step),
+            # and queue waits swing with bursty arrivals far beyond a linear model.
+            "drift": None if target in _NO_DRIFT else self._drift(target),
         }
         if target == "beta":
             return RLSRegressor(

@@ -82,35 +82,56 @@ def _pct(x: float) -> str:
     return "   -  " if not math.isfinite(x) else f"{100 * x:5.1f}%"
 
 
-def render(rows: list[dict[str, Any]], floors: dict[str, float], elapsed: float) -> str:
-    """The live view: one line per configuration."""
+def render(
+    rows: list[dict[str, Any]],
+    floors: dict[str, float],
+    elapsed: float,
+    true_alpha: dict[str, list[float]] | None = None,
+) -> str:
+    """The live view: one line per configuration.
+
+    α columns: the learned α's error against the simulator's truth when it is known (a
+    per-request MAPE of α0 would mostly show how long requests waited for the engine
+    loop, which is noise around a correct mean), else the rolling MAPE.
+    """
+    true_alpha = true_alpha or {}
     head = (
         f"coeffd demo — {elapsed:6.0f} s   (step-time MAPE: learned | noise floor | BLIS default)\n"
-        f"{'configuration':<58} {'obs':>6}  {'learned':>7} {'floor':>7} {'default':>7}  "
-        f"{'α0 α1 α2 MAPE':>22}  drift\n"
+        f"{'configuration':<56} {'obs':>6}  {'learned':>7} {'floor':>7} {'default':>7}  "
+        f"{'α0 α1 α2 vs truth':>21}  drift\n"
     )
     lines = []
     for r in sorted(rows, key=lambda r: r["label"]):
-        alpha = " ".join(_pct(a).strip() for a in r["alpha_mape"])
+        truth = true_alpha.get(r["config"])
+        if truth is not None:
+            errs = [(a - t) / t for a, t in zip(r["alpha"], truth, strict=True)]
+            alpha = " ".join(f"{100 * e:+.1f}%" for e in errs)
+        else:
+            alpha = " ".join(_pct(a).strip() for a in r["alpha_mape"])
         lines.append(
-            f"{r['label'][:58]:<58} {r['observations']:>6}  {_pct(r['step_mape']):>7} "
+            f"{r['label'][:56]:<56} {r['observations']:>6}  {_pct(r['step_mape']):>7} "
             f"{_pct(floors.get(r['config'], math.nan)):>7} {_pct(r['step_mape_default']):>7}  "
-            f"{alpha:>22}  {r['drift']:>5}"
+            f"{alpha:>21}  {r['drift']:>5}"
         )
     return head + "\n".join(lines or ["(waiting for the first observations…)"]) + "\n"
 
 
-def _floors(scenario: str, duration: float) -> dict[str, float]:
-    """Noise floor per configuration id of the scenario's engines."""
+def _truth(scenario: str, duration: float) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """Per configuration id of the scenario's engines: the noise floor and the true α
+    (its mean: delays are α·exp(σz)) at the end of the run."""
     from learners.features.config import ServingConfig
     from receivers.kv.subscriber import source_from_attributes
     from simfleet import build, resource_attributes
 
-    out: dict[str, float] = {}
+    floors: dict[str, float] = {}
+    alphas: dict[str, list[float]] = {}
     for i, spec in enumerate(build(scenario, duration)):
         src = source_from_attributes(resource_attributes(spec, "engine_core", i))
-        out[ServingConfig.from_resource(src).id] = noise_floor(spec.noise.sigma)
-    return out
+        cid = ServingConfig.from_resource(src).id
+        floors[cid] = noise_floor(spec.noise.sigma)
+        boost = math.exp(spec.noise.alpha_sigma**2 / 2)
+        alphas[cid] = [a * boost for a in spec.truth.at(duration).alpha]
+    return floors, alphas
 
 
 def _where(app: App, out: TextIO) -> None:
@@ -166,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
         max_events=100_000,
     )
     consumer = app.consumer
-    floors = _floors(args.scenario, args.duration)
+    floors, true_alpha = _truth(args.scenario, args.duration)
     _where(app, sys.stdout)
     t0 = time.monotonic()
     tty = sys.stdout.isatty()
@@ -175,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         while not stop_requested.is_set():
             stop_requested.wait(args.refresh)
             if isinstance(consumer, LearningConsumer):
-                view = render(consumer.live_rows(), floors, time.monotonic() - t0)
+                view = render(consumer.live_rows(), floors, time.monotonic() - t0, true_alpha)
                 print(("\x1b[2J\x1b[H" if tty else "") + view, flush=True)
             if not thread.is_alive():
                 app.pipeline.wait_idle(10.0)
@@ -191,6 +212,8 @@ def run(args: argparse.Namespace) -> int:
         thread.join(timeout=30)
         app.stop()
         if isinstance(consumer, LearningConsumer):
-            print(render(consumer.live_rows(), floors, time.monotonic() - t0), flush=True)
+            print(
+                render(consumer.live_rows(), floors, time.monotonic() - t0, true_alpha), flush=True
+            )
         _where(app, sys.stdout)
     return code

@@ -105,6 +105,9 @@ def test_every_configuration_published_with_valid_vectors(
             validate_for_blis(snap.alpha, snap.beta)  # raises if BLIS would reject it
             assert len(snap.alpha) == 3 and len(snap.beta) == 11
             assert snap.configuration.id == cid and snap.observations
+        # the fleet scenario is stationary: a drift alarm would be a false one
+        latest = store.latest(cid)
+        assert latest is not None and not latest.drift, (cid, latest.drift if latest else None)
 
 
 def test_learned_beta_predicts_true_step_times_within_noise(
