@@ -58,7 +58,7 @@ class DriftMonitor:
         Keyword arguments for the River detector (defaults: ADWIN ``delta=1e-4``;
         Page–Hinkley ``threshold=50, delta=0.05``).
     grace
-        Observations ignored after creation and after each detection.
+        Observations not shown to the detector after creation and after each detection.
     keep, fast_forgetting, fast_for
         The reaction policy (see module docstring).
     label
@@ -106,8 +106,13 @@ class DriftMonitor:
     def update(self, z: float, n: int) -> bool:
         """Feed one standardised residual; ``n`` is the learner's observation index."""
         self._seen += 1
+        if self._seen <= self.grace:
+            # The learner is still converging (from its prior, or after an alarm): those
+            # residuals shrink by design, and a window holding them would later "detect"
+            # the convergence itself. The detector's window starts once it has settled.
+            return False
         self._det.update(float(z))
-        if self._seen <= self.grace or not self._det.drift_detected:
+        if not self._det.drift_detected:
             return False
         self.detections += 1
         ev = DriftEvent(
