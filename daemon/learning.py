@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import math
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -28,11 +29,11 @@ from daemon.publish.snapshot import (
     ConfigurationRef,
     DriftEvent,
     ErrorStats,
-    InvalidCoefficientsError,
     PublishPolicy,
     Snapshot,
     SnapshotStore,
 )
+from daemon.writer import Writer
 from learners.features.config import ENGINE_ATTRIBUTE, ServingConfig, ServingConfigError
 from learners.registry import ALPHA_TARGETS, ConfigSnapshot, LearnerRegistry, Scored
 from receivers.joiner import Joiner
@@ -265,6 +266,20 @@ class LearningConsumer:
         self._configs: dict[str, ServingConfig] = {}
         self._children: dict[tuple[str, str, str], Any] = {}
         self._last_checkpoint = clock()
+        # File writes (fsync) happen on the writer's thread, never on the pipeline worker.
+        self.writer = Writer(
+            store,
+            checkpoints,
+            on_written=self._written,
+            on_refused=lambda snap, why: self.metrics.publish_refused.labels(snap.config_id).inc(),
+            on_checkpoint=self.metrics.checkpoints.inc,
+        )
+        self._last: dict[str, Snapshot] = {}  # last snapshot handed to the writer
+        self._next_version: dict[str, int] = {}
+        # Per configuration: (version, oldest observation arrival, oldest step arrival) of
+        # snapshots handed to the writer and not yet on disk (freshness ends on disk).
+        self._unwritten: dict[str, list[tuple[int, float | None, float | None]]] = {}
+        self._unwritten_lock = threading.Lock()
         # KV transfers of engines whose spans have not been seen yet (bounded, oldest out).
         self._unresolved_kv: collections.deque[KVTransferObservation] = collections.deque(
             maxlen=10_000
@@ -302,7 +317,8 @@ class LearningConsumer:
         return True
 
     def checkpoint(self) -> None:
-        """Save the learners' state now (atomic; the previous good copy is kept)."""
+        """Checkpoint the learners' state now (written atomically by the writer thread;
+        the previous good copy is kept)."""
         if self.checkpoints is None:
             return
         state = {
@@ -310,8 +326,7 @@ class LearningConsumer:
             "registry": self.registry.state_dict(),
             "configs": {cid: c.to_dict() for cid, c in self._configs.items()},
         }
-        self.checkpoints.save(state)
-        self.metrics.checkpoints.inc()
+        self.writer.submit_checkpoint(state)
         self._last_checkpoint = self._clock()
 
     # --------------------------------------------------------------- consumer
@@ -343,6 +358,7 @@ class LearningConsumer:
         self._learn(self.joiner.flush(), now)
         self.publish_due(now, force=True)
         self.checkpoint()
+        self.writer.close()
         log.info(
             "learning consumer closed",
             records=self.records,
@@ -439,7 +455,9 @@ class LearningConsumer:
     def _publish(self, cs: ConfigSnapshot, p: _Pending, now: float, force: bool) -> None:
         assert self.store is not None
         cid = cs.config_id
-        previous = self.store.latest(cid)
+        previous = self._last.get(cid)
+        if previous is None and cid not in self._next_version:
+            previous = self.store.latest(cid)  # after a restart: what is on disk
         now_ns = int(now * 1e9)
         ok, reason = self.policy.decide(previous, cs.alpha, cs.beta, now_ns, cs.observations)
         if reason == "invalid":
@@ -456,18 +474,16 @@ class LearningConsumer:
             return
         cfg = self._configs.get(cid)
         description = cfg.to_dict() if cfg is not None else {}
-        snap = to_snapshot(cs, self.store.next_version(cid), description)
-        try:
-            self.store.publish(snap)
-        except (InvalidCoefficientsError, ValueError) as e:
-            self.metrics.publish_refused.labels(cid).inc()
-            log.error("snapshot refused", config=cid, error=str(e))
-            return
+        version = self._next_version.get(cid) or self.store.next_version(cid)
+        self._next_version[cid] = version + 1
+        snap = to_snapshot(cs, version, description)
+        self._last[cid] = snap
+        with self._unwritten_lock:
+            self._unwritten.setdefault(cid, []).append(
+                (version, p.first_arrival, p.first_step_arrival)
+            )
+        self.writer.submit_snapshot(snap)
         self.published += 1
-        if p.first_arrival is not None:
-            self.metrics.freshness.observe(max(0.0, now - p.first_arrival))
-        if p.first_step_arrival is not None:
-            self.metrics.step_freshness.observe(max(0.0, now - p.first_step_arrival))
         p.first_arrival = p.first_step_arrival = None
         ls = self.registry.get(cid)
         p.last_published_version = ls.version if ls is not None else -1
@@ -475,6 +491,19 @@ class LearningConsumer:
             self.metrics.coefficient.labels(cid, "alpha", str(i)).set(val)
         for i, val in enumerate(snap.beta):
             self.metrics.coefficient.labels(cid, "beta", str(i)).set(val)
+
+    def _written(self, snap: Snapshot, at: float) -> None:
+        """Writer thread: a snapshot is on disk; it and every older one replaced by it
+        while pending are now fresh."""
+        with self._unwritten_lock:
+            pending = self._unwritten.get(snap.config_id, [])
+            done = [e for e in pending if e[0] <= snap.version]
+            self._unwritten[snap.config_id] = [e for e in pending if e[0] > snap.version]
+        for _, first, first_step in done:
+            if first is not None:
+                self.metrics.freshness.observe(max(0.0, at - first))
+            if first_step is not None:
+                self.metrics.step_freshness.observe(max(0.0, at - first_step))
 
     # ---------------------------------------------------------------- views
     def live_rows(self) -> list[dict[str, Any]]:

@@ -311,7 +311,8 @@ class SnapshotStore:
         if self._version_gauge is not None and self._time_gauge is not None:
             self._version_gauge.labels(snapshot.config_id).set(snapshot.version)
             self._time_gauge.labels(snapshot.config_id).set(snapshot.wall_ns / 1e9)
-        log.info(
+        # Debug: a busy daemon publishes every configuration about once a second.
+        log.debug(
             "snapshot published",
             config=snapshot.config_id,
             version=snapshot.version,
