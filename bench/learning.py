@@ -6,7 +6,7 @@ Streams come from :mod:`learners.synthetic` (real :class:`BlisBasis` terms, know
 log-normal noise with mean 1, 0.3 % stalls ×2–6). The *noise floor* is the MAPE of the
 true coefficients on the same observations; every error below is a ratio to it, computed
 on the same rows. Everything is prequential (predict, then learn). The learner is the
-production configuration (``LearnersConfig()`` defaults: λ = 0.998, relative weights,
+production configuration (``LearnersConfig()`` defaults: λ = 0.989, relative weights,
 Huber 3, ADWIN drift with covariance inflation); the published (non-negative) vector is
 what is scored. Baselines on the same stream: BLIS's shipped β, and a windowed NNLS batch
 refit for several (window, refit cadence) pairs, the best of which is reported.
