@@ -4,7 +4,7 @@ Defaults are the values ``bench/learning.py`` was run with; each says why it is 
 
 >>> cfg = LearnersConfig()
 >>> cfg.forgetting, cfg.drift.detector
-(0.99, 'adwin')
+(0.989, 'adwin')
 >>> LearnersConfig(forgetting=1.5)
 Traceback (most recent call last):
 ...
