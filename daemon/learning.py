@@ -371,6 +371,9 @@ class LearningConsumer:
     # ---------------------------------------------------------------- learning
     def _learn(self, observations: Iterable[Observation], now: float) -> None:
         resolved_any = False
+        # Step observations come in bursts (a joiner sweep): each configuration's are
+        # learned in one vectorised call, the same computation as one by one.
+        steps: dict[str, tuple[ServingConfig, list[StepObservation]]] = {}
         for obs in observations:
             cfg = self.resolver.resolve(obs.source)
             if cfg is None:
@@ -384,17 +387,24 @@ class LearningConsumer:
             resolved_any = True
             cid = cfg.id
             self._configs.setdefault(cid, cfg)
+            if isinstance(obs, StepObservation):
+                steps.setdefault(cid, (cfg, []))[1].append(obs)
+                continue
             scored = self.registry.learn(cfg, obs)
+            if scored:
+                self.observations += 1
+                self._pending_for(cid, now)
+                for s in scored:
+                    self._record(cid, s)
+        for cid, (cfg, batch) in steps.items():
+            scored = self.registry.learn_steps(cfg, batch)
             if not scored:
                 continue
-            self.observations += 1
-            p = self._pending.get(cid)
-            if p is None:
-                p = self._pending[cid] = _Pending()
-            if p.first_arrival is None:
-                p.first_arrival = now
-            if isinstance(obs, StepObservation):
-                t = self._summary_arrival.pop((obs.source.id, obs.step), None)
+            self.observations += len(scored)
+            p = self._pending_for(cid, now)
+            arrival = self._summary_arrival
+            for obs in batch:
+                t = arrival.pop((obs.source.id, obs.step), None)
                 if t is not None and (p.first_step_arrival is None or t < p.first_step_arrival):
                     p.first_step_arrival = t
             for s in scored:
@@ -402,6 +412,14 @@ class LearningConsumer:
         self.metrics.configurations.set(len(self.registry))
         if resolved_any and self._unresolved_kv:
             self._retry_kv(now)
+
+    def _pending_for(self, cid: str, now: float) -> _Pending:
+        p = self._pending.get(cid)
+        if p is None:
+            p = self._pending[cid] = _Pending()
+        if p.first_arrival is None:
+            p.first_arrival = now
+        return p
 
     def _retry_kv(self, now: float) -> None:
         pending = list(self._unresolved_kv)

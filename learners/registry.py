@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -322,6 +322,77 @@ class LearnerSet:
         self.baseline.learn_one(x, y)
         return [scored]
 
+    def learn_steps(
+        self, steps: Sequence[StepObservation], evaluator: Evaluator | None
+    ) -> list[Scored]:
+        """Many step observations of this configuration at once: the same predictions,
+        updates and scores as :meth:`learn` one by one, vectorised (the learners predict
+        each row with the coefficients of their last fold either way; see
+        :meth:`RLSRegressor.learn_many_prequential`). Drift detections in the batch are
+        stamped with the step clock of its last row."""
+        if self.basis is None or not steps:
+            return []
+        beta = self.learner("beta")
+        ev = self.settings.evaluation
+        xs: list[FloatArray] = []
+        ys: list[float] = []
+        regimes: list[str] = []
+        xes: list[FloatArray | None] = []
+        for obs in steps:
+            y = float(obs.period_us)
+            x = step_features(obs, self.basis, block_size=self.config.block_size)
+            if not (math.isfinite(y) and y > 0 and np.all(np.isfinite(x))):
+                beta.n_rejected += 1
+                continue
+            agg = obs.aggregates
+            regimes.append(
+                step_regime(
+                    agg.prefill_tokens,
+                    agg.decode_tokens,
+                    agg.kv_usage_gpu_ratio,
+                    heavy_fraction=ev.heavy_fraction,
+                    kv_saturated=ev.kv_saturated,
+                )
+            )
+            xs.append(x)
+            ys.append(y)
+            if self.settings.extended:
+                xe = np.concatenate([x, extended_terms(obs, self.basis, self.config)])
+                xes.append(xe if np.all(np.isfinite(xe)) else None)
+        if not ys:
+            return []
+        x_all = np.array(xs)
+        y_all = np.array(ys)
+        if beta.drift is not None:
+            beta.drift.clock_ns = steps[-1].start_mono_ns
+        learned = beta.learn_many_prequential(x_all, y_all)
+        default = x_all @ np.asarray(BLIS_DEFAULT_BETA)
+        extended: list[float | None] = [None] * len(ys)
+        ok = [i for i, xe in enumerate(xes) if xe is not None]
+        if ok:
+            xe_all = np.array([xes[i] for i in ok])
+            pe = self.learner("beta_extended").learn_many_prequential(
+                xe_all, y_all[ok], nonnegative=False
+            )
+            for j, i in enumerate(ok):
+                extended[i] = float(pe[j])
+        out = []
+        for i, y in enumerate(ys):
+            x = x_all[i]
+            preds = {
+                "learned": float(learned[i]),
+                "blis_default": float(default[i]),
+                "batch_refit": self.baseline.predict_one(x),
+            }
+            if extended[i] is not None:
+                preds["learned_extended"] = extended[i]  # type: ignore[assignment]
+            out.append(self._score(evaluator, "step_period", y, preds, regimes[i]))
+            self.baseline.learn_one(x, y)
+        self.version += len(out)
+        self.observations += len(out)
+        self.updated_wall_ns = time.time_ns()
+        return out
+
     def _learn_request(self, obs: RequestObservation, evaluator: Evaluator | None) -> list[Scored]:
         out: list[Scored] = []
         default = dict(zip(ALPHA_TARGETS, BLIS_DEFAULT_ALPHA, strict=True))
@@ -541,6 +612,13 @@ class LearnerRegistry:
         out = ls.learn(obs, self.evaluator)
         if not out:
             self.rejected += 1
+        return out
+
+    def learn_steps(self, config: ServingConfig, steps: Sequence[StepObservation]) -> list[Scored]:
+        """:meth:`learn` for many step observations of one configuration (vectorised)."""
+        ls = self.ensure(config)
+        out = ls.learn_steps(steps, self.evaluator)
+        self.rejected += len(steps) - len(out)
         return out
 
     # -------------------------------------------------------------- output

@@ -320,6 +320,39 @@ class RLSRegressor(base.Regressor):
             self._pred = theta
         return self._pred
 
+    def learn_many_prequential(
+        self, X: FloatArray, y: FloatArray, *, nonnegative: bool = True
+    ) -> FloatArray:
+        """Predict each row with :meth:`prediction_coef`, then learn it; returns the
+        predictions. Same result as alternating ``prediction_coef`` and a one-row
+        ``learn_many`` row by row, at vectorised cost: rows up to the next fold share
+        their coefficients anyway (a young learner takes them one at a time).
+
+        >>> import numpy as np
+        >>> a, b = RLSRegressor(["x"], refresh_every=4), RLSRegressor(["x"], refresh_every=4)
+        >>> X, y = np.ones((300, 1)), np.linspace(1.0, 2.0, 300)
+        >>> p = a.learn_many_prequential(X, y)
+        >>> q = []
+        >>> for i in range(300):
+        ...     q.append(float(X[i] @ b.prediction_coef()))
+        ...     b.learn_many(X[i : i + 1], y[i : i + 1])
+        >>> bool(np.allclose(p, q, rtol=1e-12, atol=0))
+        True
+        """
+        n = len(y)
+        out = np.empty(n)
+        i = 0
+        while i < n:
+            if self.n_learned < _YOUNG_ROWS:
+                k = 1
+            else:
+                k = max(1, self.refresh_every - self._since_refresh)
+            seg = slice(i, min(n, i + k))
+            out[seg] = X[seg] @ self.prediction_coef(nonnegative)
+            self.learn_many(X[seg], y[seg])
+            i = seg.stop
+        return out
+
     def information(self) -> tuple[FloatArray, FloatArray]:
         """Total information ``(A, b)``: decayed data plus prior."""
         if self._pend_y:

@@ -1,0 +1,49 @@
+"""Batched step learning is the same computation as learning one observation at a time."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from learners.features.config import ServingConfig
+from learners.registry import LearnerRegistry
+from receivers.joiner import Joiner
+from receivers.observations import StepObservation
+from receivers.otlp.decode import Decoder
+from simfleet import SampleRates, run
+
+
+def _steps() -> list[StepObservation]:
+    dec = Decoder()
+    records: list[object] = []
+    run(
+        "steady",
+        40,
+        3,
+        rates=SampleRates(1.0, 1.0, 0.05, 100),
+        trace_sinks=[lambda req: records.extend(dec.decode(req).records)],
+        max_events=100_000,
+    )
+    j = Joiner()
+    obs = j.push_many(records) + j.flush()  # type: ignore[arg-type]
+    return [o for o in obs if isinstance(o, StepObservation)]
+
+
+def test_learn_steps_equals_one_by_one() -> None:
+    steps = _steps()
+    assert len(steps) > 400  # past the young phase, across many fold boundaries
+    cfg = ServingConfig.from_resource(steps[0].source)
+    one, many = LearnerRegistry(), LearnerRegistry()
+    seq = [s for o in steps for s in one.learn(cfg, o)]
+    # uneven batches, as the joiner releases them
+    bat = []
+    for i in range(0, len(steps), 37):
+        bat.extend(many.learn_steps(cfg, steps[i : i + 37]))
+    assert len(seq) == len(bat) == len(steps)
+    for a, b in zip(seq, bat, strict=True):
+        assert a.y == b.y and a.regime == b.regime
+        assert a.predictions.keys() == b.predictions.keys()
+        for k in a.predictions:
+            assert np.isclose(a.predictions[k], b.predictions[k], rtol=1e-9, atol=0), k
+    sa, sb = one.snapshot(cfg.id), many.snapshot(cfg.id)
+    np.testing.assert_allclose(sa.beta, sb.beta, rtol=1e-9)
+    assert sa.observations == sb.observations
