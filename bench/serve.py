@@ -306,7 +306,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--seconds", type=float, default=6.0, help="seconds per rate level")
     p.add_argument("--quick", action="store_true", help="fewer levels, shorter recording")
     args = p.parse_args(argv)
-    levels = [10e3, 20e3, 40e3, 60e3, 80e3, 100e3, 150e3, 200e3, 250e3, 300e3]
+    levels = [10e3, 20e3, 40e3, 50e3, 60e3, 70e3, 80e3, 100e3, 150e3, 200e3, 250e3, 300e3]
     if args.quick:
         levels = [10e3, 40e3, 80e3, 150e3]
     _pin(0)
