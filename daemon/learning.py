@@ -424,8 +424,12 @@ class LearningConsumer:
     def _retry_kv(self, now: float) -> None:
         pending = list(self._unresolved_kv)
         self._unresolved_kv.clear()
-        ready = [o for o in pending if self.resolver.resolve(o.source) is not None]
-        self._unresolved_kv.extend(o for o in pending if self.resolver.resolve(o.source) is None)
+        ready: list[KVTransferObservation] = []
+        for o in pending:
+            if self.resolver.resolve(o.source) is not None:
+                ready.append(o)
+            else:
+                self._unresolved_kv.append(o)
         if ready:
             self._learn(ready, now)
 

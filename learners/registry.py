@@ -258,8 +258,8 @@ class LearnerSet:
     def learn(self, obs: Observation, evaluator: Evaluator | None) -> list[Scored]:
         """Predict, score, then learn one observation; returns what was scored."""
         if isinstance(obs, StepObservation):
-            out = self._learn_step(obs, evaluator)
-        elif isinstance(obs, RequestObservation):
+            return self.learn_steps([obs], evaluator)  # does its own bookkeeping
+        if isinstance(obs, RequestObservation):
             out = self._learn_request(obs, evaluator)
         elif isinstance(obs, KVTransferObservation):
             out = self._learn_kv(obs, evaluator)
@@ -282,45 +282,6 @@ class LearnerSet:
         if evaluator is not None:
             evaluator.record(self.config.id, target, y, preds, regime)
         return Scored(target, y, preds, regime)
-
-    def _learn_step(self, obs: StepObservation, evaluator: Evaluator | None) -> list[Scored]:
-        if self.basis is None:
-            return []
-        y = float(obs.period_us)
-        x = step_features(obs, self.basis, block_size=self.config.block_size)
-        if not (math.isfinite(y) and y > 0 and np.all(np.isfinite(x))):
-            self.learner("beta").n_rejected += 1
-            return []
-        agg = obs.aggregates
-        regime = step_regime(
-            agg.prefill_tokens,
-            agg.decode_tokens,
-            agg.kv_usage_gpu_ratio,
-            heavy_fraction=self.settings.evaluation.heavy_fraction,
-            kv_saturated=self.settings.evaluation.kv_saturated,
-        )
-        beta = self.learner("beta")
-        preds = {
-            "learned": float(x @ beta.prediction_coef()),
-            "blis_default": float(x @ np.asarray(BLIS_DEFAULT_BETA)),
-            "batch_refit": self.baseline.predict_one(x),
-        }
-        xe: FloatArray | None = None
-        if self.settings.extended:
-            xe = np.concatenate([x, extended_terms(obs, self.basis, self.config)])
-            if np.all(np.isfinite(xe)):
-                ext = self.learner("beta_extended").prediction_coef(nonnegative=False)
-                preds["learned_extended"] = float(xe @ ext)
-            else:
-                xe = None
-        scored = self._score(evaluator, "step_period", y, preds, regime)
-        if beta.drift is not None:  # detections are stamped with the engine's step clock
-            beta.drift.clock_ns = obs.start_mono_ns
-        beta.learn_many(x[None, :], [y])
-        if xe is not None:
-            self.learner("beta_extended").learn_many(xe[None, :], [y])
-        self.baseline.learn_one(x, y)
-        return [scored]
 
     def learn_steps(
         self, steps: Sequence[StepObservation], evaluator: Evaluator | None
