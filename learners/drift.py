@@ -26,6 +26,9 @@ False
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -33,13 +36,52 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 import structlog
-from river import drift as river_drift
 
 __all__ = ["DriftEvent", "DriftMonitor"]
 
 _log = structlog.get_logger(__name__)
 
 DetectorName = Literal["adwin", "page_hinkley"]
+
+
+_DETECTORS: dict[str, Any] = {}
+
+
+def _river_detector(module: str, name: str) -> Any:
+    """River's ``river.drift.<module>.<name>`` without running ``river/drift/__init__``.
+
+    Why: that ``__init__`` also imports KSWIN, and with it ``scipy.stats``: ~70 MB of
+    resident memory (half the daemon's) for a detector coeffd never uses. The detector
+    modules themselves need only ``river.base``/``river.stats`` (ADWIN is River's Rust
+    core). They are loaded under a stand-in, unexecuted ``river.drift`` package, and all
+    of it is then taken out of ``sys.modules`` again, so a later ``import river.drift``
+    elsewhere is an ordinary import. If ``river.drift`` is already imported, or River's
+    layout ever changes, the plain import is used.
+
+    >>> _river_detector("adwin", "ADWIN").__module__
+    'river.drift.adwin'
+    """
+    key = f"river.drift.{module}"
+    if key in _DETECTORS:
+        return getattr(_DETECTORS[key], name)
+    mod = sys.modules.get(key) if "river.drift" in sys.modules else None
+    if mod is None and "river.drift" not in sys.modules:
+        spec = importlib.util.find_spec("river.drift")
+        if spec is not None and spec.submodule_search_locations is not None:
+            sys.modules["river.drift"] = importlib.util.module_from_spec(spec)
+            try:
+                mod = importlib.import_module(key)
+            except ImportError:
+                mod = None
+            finally:
+                for m in [
+                    m for m in sys.modules if m == "river.drift" or m.startswith("river.drift.")
+                ]:
+                    del sys.modules[m]
+    if mod is None:
+        mod = importlib.import_module(key)  # the ordinary way (runs the package __init__)
+    _DETECTORS[key] = mod
+    return getattr(mod, name)
 
 
 class DriftEvent(dict[str, Any]):
@@ -96,11 +138,11 @@ class DriftMonitor:
         if self.detector == "adwin":
             kw: dict[str, Any] = {"delta": 1e-4}
             kw.update(self.params)
-            return river_drift.ADWIN(**kw)
+            return _river_detector("adwin", "ADWIN")(**kw)
         if self.detector == "page_hinkley":
             kw = {"threshold": 50.0, "delta": 0.05, "min_instances": 30}
             kw.update(self.params)
-            return river_drift.PageHinkley(**kw)
+            return _river_detector("page_hinkley", "PageHinkley")(**kw)
         raise ValueError(f"unknown drift detector {self.detector!r}")
 
     def update(self, z: float, n: int) -> bool:

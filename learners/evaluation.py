@@ -61,13 +61,14 @@ def step_regime(
 
 
 class _Ring:
-    """The last ``size`` floats in a preallocated array (8 bytes a value, not a boxed
-    float in a deque: these windows exist per configuration × target × source × regime)."""
+    """The last ``size`` floats in a preallocated float32 array (4 bytes a value, not a
+    boxed float in a deque: these windows exist per configuration × target × source ×
+    regime; an error rate needs no more than float32's 7 digits)."""
 
     __slots__ = ("_buf", "_i", "n")
 
     def __init__(self, size: int) -> None:
-        self._buf = np.empty(size)
+        self._buf = np.empty(size, dtype=np.float32)
         self._i = 0
         self.n = 0
 
@@ -78,7 +79,7 @@ class _Ring:
             self.n += 1
 
     def mean(self) -> float:
-        return float(self._buf[: self.n].mean()) if self.n else math.nan
+        return float(self._buf[: self.n].mean(dtype=np.float64)) if self.n else math.nan
 
 
 class RollingError:
@@ -182,8 +183,10 @@ class WindowedRefit:
     ) -> None:
         self.window = window
         self.refit_every = refit_every
-        # Ring buffers, not a deque of row arrays (~200 B of object overhead per row).
-        self._x = np.empty((window, n_features))
+        # Ring buffers, not a deque of row arrays (~200 B of object overhead per row);
+        # features stored as float32 (the refit is a reference fit: 7 digits are plenty,
+        # and this window is the largest per-configuration buffer), fitted in float64.
+        self._x = np.empty((window, n_features), dtype=np.float32)
         self._y = np.empty(window)
         self._i = 0
         self._n = 0
@@ -207,7 +210,7 @@ class WindowedRefit:
     def refit(self) -> None:
         if not self._n:
             return
-        x = self._x[: self._n]
+        x = self._x[: self._n].astype(np.float64)
         y = self._y[: self._n]
         w = 1.0 / (y * y)
         a = (x * w[:, None]).T @ x

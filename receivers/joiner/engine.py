@@ -46,6 +46,7 @@ log = structlog.get_logger(__name__)
 SCHED, QUEUED, COMPL = 0, 1, 2
 _CAL_KEEP = 512  # calibration deltas kept per anchor type (a rolling sample)
 _PURGE_STRIDE = 512  # steps between purges of expired step-indexed state
+_SIGHTING_BUCKET_NS = 50_000_000  # timeline granularity (see EngineState._first_sighting)
 _BUCKET_BITS = 6  # request lives are indexed by 64-step buckets
 
 
@@ -113,7 +114,8 @@ class EngineState:
             {},
             {},
         )
-        self.timeline: deque[tuple[int, int]] = deque()  # (wall ns, step) of first sightings
+        # (bucket end wall ns, highest step) of first sightings, in 50 ms buckets
+        self.timeline: deque[tuple[int, int]] = deque()
         self.horizon = 0  # steps below are gone
         self.coverage: list[list[int]] = []  # merged [start, end] of complete step spans
         self.cal = _Calibration()
@@ -135,7 +137,17 @@ class EngineState:
             self.watermark = wall_ns
 
     def _first_sighting(self, wall_ns: int, step: int) -> None:
-        self.timeline.append((wall_ns, step))
+        # One timeline entry per 50 ms bucket (its end time, its highest step), not one per
+        # step: the timeline only decides when step-indexed state leaves the window, and
+        # letting it stay up to 50 ms longer in a 30 s window costs nothing, while an entry
+        # per step was a tenth of the joiner's memory.
+        tl = self.timeline
+        end = (wall_ns // _SIGHTING_BUCKET_NS + 1) * _SIGHTING_BUCKET_NS
+        if tl and tl[-1][0] == end:
+            if step > tl[-1][1]:
+                tl[-1] = (end, step)
+        else:
+            tl.append((end, step))
         if step > self.max_step:
             self.max_step = step
 

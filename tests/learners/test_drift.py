@@ -85,3 +85,27 @@ def test_inflation_keeps_estimate_but_drops_confidence() -> None:
     m.inflate(0.01)
     np.testing.assert_allclose(m.coef, theta, rtol=1e-9)
     assert np.all(np.diag(np.linalg.inv(m.information()[0])) > 10 * std_a)
+
+
+def test_daemon_does_not_import_scipy_stats() -> None:
+    """River's drift package __init__ pulls scipy.stats (~70 MB RSS) through KSWIN; the
+    daemon loads only the detectors it uses, and they are River's own, working classes."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import daemon.commands.serve\n"
+        "from learners.drift import DriftMonitor\n"
+        "m = DriftMonitor('adwin', grace=0)\n"
+        "hits = [m.update(0.0 if i < 500 else 3.0, i) for i in range(1000)]\n"
+        "assert any(hits), 'ADWIN missed a 3-sigma shift'\n"
+        "DriftMonitor('page_hinkley')\n"
+        "print(sorted(m for m in sys.modules if m.startswith('scipy.stats')))\n"
+        "import river.drift\n"  # a later ordinary import still works and is whole
+        "print(river.drift.KSWIN.__name__, river.drift.ADWIN.__module__)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert out[-2:] == ["[]", "KSWIN river.drift.adwin"]  # (before them: the drift log line)
