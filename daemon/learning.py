@@ -33,6 +33,7 @@ from daemon.publish.snapshot import (
     Snapshot,
     SnapshotStore,
 )
+from daemon.shedding import LoadShedder
 from daemon.writer import Writer
 from learners.features.config import ENGINE_ATTRIBUTE, ServingConfig, ServingConfigError
 from learners.registry import ALPHA_TARGETS, ConfigSnapshot, LearnerRegistry, Scored
@@ -119,6 +120,18 @@ class ServeMetrics:
         self.checkpoints = Counter(
             "coeffd_checkpoints_total", "Checkpoints written.", registry=registry
         )
+        self.shed = Counter(
+            "coeffd_observations_shed_total",
+            "Step observations joined but not learned because learning fell behind "
+            "(pipeline.shed_learning).",
+            registry=registry,
+        )
+        self.keep_ratio = Gauge(
+            "coeffd_learning_keep_ratio",
+            "Share of step observations being learned (1 = all; below 1 = shedding load).",
+            registry=registry,
+        )
+        self.keep_ratio.set(1.0)
 
 
 class ConfigResolver:
@@ -249,6 +262,7 @@ class LearningConsumer:
         checkpoint_interval_s: float = 30.0,
         clock: Callable[[], float] = time.time,
         live: bool = True,
+        shedder: LoadShedder | None = None,
     ) -> None:
         self.joiner = joiner
         self.registry = registry
@@ -263,6 +277,10 @@ class LearningConsumer:
         # run on the data's own time (its watermarks) or everything would expire at once.
         self.live = live
         self._clock = clock
+        # Load shedding: ``backlog`` (queue fill 0..1) is wired by the app to its pipeline.
+        self.shedder = shedder
+        self.backlog: Callable[[], float] | None = None
+        self._shedding = False
         self._pending: dict[str, _Pending] = {}
         self._configs: dict[str, ServingConfig] = {}
         self._children: dict[tuple[str, str, str], Any] = {}
@@ -293,6 +311,7 @@ class LearningConsumer:
             collections.OrderedDict()
         )
         self.records = 0
+        self.shed = 0  # step observations not learned (load shedding)
         self.observations = 0
         self.published = 0
 
@@ -377,7 +396,12 @@ class LearningConsumer:
         # Step observations come in bursts (a joiner sweep): each configuration's are
         # learned in one vectorised call, the same computation as one by one.
         steps: dict[str, tuple[ServingConfig, list[StepObservation]]] = {}
+        keep = self._keep_ratio()
+        shed = 0
         for obs in observations:
+            if keep < 1.0 and type(obs) is StepObservation and not self.shedder.keep(obs.step):  # type: ignore[union-attr]
+                shed += 1
+                continue
             cfg = self.resolver.resolve(obs.source)
             if cfg is None:
                 if isinstance(obs, KVTransferObservation):
@@ -414,9 +438,30 @@ class LearningConsumer:
                     p.first_step_arrival = t
             for s in scored:
                 self._record(cid, s)
+        if shed:
+            self.shed += shed
+            self.metrics.shed.inc(shed)
         self.metrics.configurations.set(len(self.registry))
         if resolved_any and self._unresolved_kv:
             self._retry_kv(now)
+
+    def _keep_ratio(self) -> float:
+        """The shedder's share for the current backlog (1 without one); logs changes of state."""
+        if self.shedder is None or self.backlog is None:
+            return 1.0
+        ratio = self.shedder.update(self.backlog())
+        self.metrics.keep_ratio.set(ratio)
+        shedding = ratio < 1.0
+        if shedding != self._shedding:
+            self._shedding = shedding
+            log.warning(
+                "learning behind: shedding step observations"
+                if shedding
+                else "learning caught up: learning every step observation",
+                keep_ratio=round(ratio, 3),
+                shed_total=self.shed,
+            )
+        return ratio
 
     def _pending_for(self, cid: str, now: float) -> _Pending:
         p = self._pending.get(cid)

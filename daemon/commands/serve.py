@@ -21,6 +21,7 @@ from daemon.commands.common import EXIT_USAGE, add_settings_arguments, settings_
 from daemon.learning import ConfigResolver, LearningConsumer, ServeMetrics
 from daemon.publish.snapshot import PublishPolicy, SnapshotStore
 from daemon.settings import Settings
+from daemon.shedding import LoadShedder
 from learners.features.config import BasisResolver
 from learners.registry import LearnerRegistry
 from receivers.joiner import Joiner, JoinerMetrics
@@ -83,6 +84,13 @@ def build_consumer(
         ),
         checkpoint_interval_s=settings.state.checkpoint_interval_seconds,
         live=live,
+        shedder=LoadShedder(
+            settings.pipeline.shed_start,
+            settings.pipeline.shed_full,
+            settings.pipeline.shed_min_keep,
+        )
+        if settings.pipeline.shed_learning
+        else None,
     )
     if checkpoints is not None and settings.state.restore:
         consumer.restore()
@@ -98,6 +106,8 @@ def build_app(
         return App(settings, registry=registry)
     consumer, store = build_consumer(settings, registry, live=live)
     app = App(settings, consumer=consumer, registry=registry)
+    pipeline = app.pipeline
+    consumer.backlog = lambda: pipeline.depth / pipeline.capacity
     api.mount(app.router, store)
     return app
 

@@ -82,7 +82,12 @@ class Joiner:
         self._requests: dict[EntryKey, RequestEntry] = {}
         self._req_heap: list[tuple[int, EntryKey, str]] = []  # (deadline, key, clock src)
         self._done: dict[SpanKey, int] = {}  # tombstones: span key -> forget after (wall)
-        self._ready: set[EntryKey] = set()  # complete but waiting for queue-state finality
+        # Complete requests waiting for queue-state finality, per engine: a heap of
+        # (QUEUED step, key). Only new coverage of that engine reaching the QUEUED step can
+        # make one final, so a boundary rechecks just those (not every waiter: that was
+        # a fifth of the daemon's time under load).
+        self._ready: dict[str, list[tuple[int, EntryKey]]] = {}
+        self._ready_keys: set[tuple[str, EntryKey]] = set()
         self._skip_span: SpanKey | None = None  # events of a duplicate span being skipped
         # the span whose events are arriving now (they follow their span record)
         self._cur: tuple[SpanKey, RequestEntry, CoreState | None, EngineState | None] | None = None
@@ -152,6 +157,7 @@ class Joiner:
             self._expire_request(key)
         self._req_heap.clear()
         self._ready.clear()
+        self._ready_keys.clear()
         if self._kv_open:
             self.metrics.outcome("kv_transfer", "expired", "no_completion", len(self._kv_open))
         if self._kv_early:
@@ -208,18 +214,28 @@ class Joiner:
         """The events of the previous span are all in: apply coverage, recheck waiters."""
         if not self._pending_cov:
             return
+        touched: dict[str, EngineState] = {}
         for eng, a, b in self._pending_cov:
             eng.add_coverage(a, b)
+            touched[eng.source.id] = eng
         self._pending_cov.clear()
-        # only new coverage can make a waiting queue state final
-        if self._ready:
-            for key in sorted(self._ready):
+        # only new coverage can make a waiting queue state final, and only for QUEUED
+        # steps at or below the engine's covered end
+        for sid, eng in touched.items():
+            heap = self._ready.get(sid)
+            if not heap:
+                continue
+            top = eng.coverage[-1][1] if eng.coverage else -1
+            due = []
+            while heap and heap[0][0] <= top:
+                due.append(heapq.heappop(heap))
+            for _, key in due:
+                if (sid, key) not in self._ready_keys:
+                    continue  # closed or expired since it was queued here
+                self._ready_keys.discard((sid, key))
                 entry = self._requests.get(key)
                 if entry is not None:
-                    self._try_emit(entry)
-            self._ready = {
-                k for k in self._ready if k in self._requests and self._waiting(self._requests[k])
-            }
+                    self._try_emit(entry)  # queues it again if still not final
 
     # ================================================================= handlers
 
@@ -439,12 +455,17 @@ class Joiner:
             if core.queued is not None:
                 qs, final = eng.queue_state(core.queued.step)
             if not final:
-                self._ready.add(entry.key)
+                self._wait_for_coverage(eng.source.id, core.queued.step, entry.key)  # type: ignore[union-attr]
                 continue
             self._emit_request(entry, core, eng.source, qs)
         cores = entry.cores
         if len(cores) >= self._expected_cores(entry) and all(c.emitted for c in cores.values()):
             self._close_entry(entry)
+
+    def _wait_for_coverage(self, sid: str, step: int, key: EntryKey) -> None:
+        if (sid, key) not in self._ready_keys:
+            self._ready_keys.add((sid, key))
+            heapq.heappush(self._ready.setdefault(sid, []), (step, key))
 
     def _emit_request(self, entry: RequestEntry, core: CoreState, src: Source, qs: Any) -> None:
         core.emitted = True
@@ -464,7 +485,9 @@ class Joiner:
     def _close_entry(self, entry: RequestEntry) -> None:
         """Forget a request; remember its span keys to recognise redeliveries."""
         self._requests.pop(entry.key, None)
-        self._ready.discard(entry.key)
+        for core in entry.cores.values():
+            if core.span is not None:
+                self._ready_keys.discard((core.span.span.source.id, entry.key))
         self._cur = None  # later events of its spans are redeliveries
         forget = entry.deadline_wall + self._window_ns
         self._done[entry.key] = forget
@@ -609,6 +632,15 @@ class Joiner:
         if len(heap) > 4 * len(self._requests) + 1024:
             self._req_heap = [x for x in heap if x[1] in self._requests]
             heapq.heapify(self._req_heap)
+        for sid in list(self._ready):  # waiters closed or expired are dropped lazily
+            waiters = self._ready[sid]
+            if len(waiters) > 4 * len(self._ready_keys) + 1024 or sid not in self._engines:
+                waiters = [x for x in waiters if (sid, x[1]) in self._ready_keys]
+                heapq.heapify(waiters)
+                if waiters:
+                    self._ready[sid] = waiters
+                else:
+                    del self._ready[sid]
         self._expire_dict(self._done)
         self._expire_dict(self._kv_done)
         self._expire_kv(self._kv_open, "expired", "no_completion")

@@ -1,0 +1,72 @@
+"""Learning load shedding: when learning falls behind, learn a share of the step
+observations instead of letting the receivers push back.
+
+Why: push-back reaches vLLM, whose ``BatchSpanProcessor`` drops spans once its own
+queue is full, and a dropped journey or step span costs observations far beyond itself
+(the joins around it fail). Step observations, on the other hand, are plentiful and
+redundant for an RLS learner whose memory is ~90 rows (λ = 0.989): a busy engine yields
+hundreds a second. So under load the joiner still sees every record, and the learners
+see a deterministic, evenly spread share of the step observations; request and KV
+observations (one per request or transfer) are always learned.
+
+The share is a proportional controller on the pipeline's backlog (queue fill, 0..1):
+all below ``start``, ``min_keep`` at and above ``full``, linear in between. Selection is
+by step id through a golden-ratio hash, so the kept steps are spread evenly and the
+same on every replay of the same data at the same backlog.
+
+>>> s = LoadShedder(start=0.2, full=0.6, min_keep=0.125)
+>>> s.update(0.1), s.update(0.4), s.update(0.9)
+(1.0, 0.5625, 0.125)
+>>> s.update(0.4)
+0.5625
+>>> sum(s.keep(n) for n in range(10_000))   # ~56 % of the steps, spread evenly
+5625
+"""
+
+from __future__ import annotations
+
+__all__ = ["LoadShedder"]
+
+_GOLDEN = 0x9E3779B1  # 2^32 / φ: consecutive step ids land far apart in [0, 2^32)
+_MASK = 0xFFFFFFFF
+
+
+class LoadShedder:
+    """Keep ratio of step observations as a function of the pipeline backlog.
+
+    Parameters
+    ----------
+    start
+        Backlog (fraction of the queue capacity) below which everything is learned.
+    full
+        Backlog at and above which only ``min_keep`` of the steps is learned.
+    min_keep
+        The smallest share learned (never zero: learning never stops).
+    """
+
+    def __init__(self, start: float = 0.1, full: float = 0.5, min_keep: float = 1 / 32) -> None:
+        if not 0.0 <= start < full <= 1.0:
+            raise ValueError(f"need 0 <= start < full <= 1, got start={start}, full={full}")
+        if not 0.0 < min_keep <= 1.0:
+            raise ValueError(f"need 0 < min_keep <= 1, got {min_keep}")
+        self.start = start
+        self.full = full
+        self.min_keep = min_keep
+        self.ratio = 1.0
+        self._limit = _MASK + 1
+
+    def update(self, backlog: float) -> float:
+        """Set the keep ratio from the current backlog; returns it."""
+        if backlog <= self.start:
+            r = 1.0
+        elif backlog >= self.full:
+            r = self.min_keep
+        else:
+            r = 1.0 - (1.0 - self.min_keep) * (backlog - self.start) / (self.full - self.start)
+        self.ratio = r
+        self._limit = int(r * (_MASK + 1))
+        return r
+
+    def keep(self, step: int) -> bool:
+        """Whether step ``step``'s observation is learned at the current ratio."""
+        return ((step * _GOLDEN) & _MASK) < self._limit
