@@ -141,6 +141,11 @@ class Pipeline:
         """True once shutdown began; offers are refused from then on."""
         return self._closed
 
+    def has_room(self, n: int) -> bool:
+        """Whether :meth:`offer` of ``n`` records would be accepted now (a hint: no lock)."""
+        depth = self._depth
+        return not self._closed and (depth == 0 or depth + n <= self.capacity)
+
     def offer(self, records: Sequence[Any], receiver: str) -> bool:
         """Enqueue ``records`` as one batch; never blocks. ``False`` = full (or closing).
 

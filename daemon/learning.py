@@ -122,7 +122,7 @@ class ServeMetrics:
         )
         self.shed = Counter(
             "coeffd_observations_shed_total",
-            "Step observations joined but not learned because learning fell behind "
+            "Steps neither joined nor learned because learning fell behind "
             "(pipeline.shed_learning).",
             registry=registry,
         )
@@ -311,7 +311,8 @@ class LearningConsumer:
             collections.OrderedDict()
         )
         self.records = 0
-        self.shed = 0  # step observations not learned (load shedding)
+        self.shed = 0  # steps not joined nor learned (load shedding)
+        self._shed_now = 0
         self.observations = 0
         self.published = 0
 
@@ -362,11 +363,15 @@ class LearningConsumer:
                 arrival[(r.span.source.id, r.step)] = now
         while len(arrival) > 20_000:
             arrival.popitem(last=False)
+        self._shed_check()
         self._learn(self.joiner.push_many(records), now)
+        self._shed_count()
 
     def tick(self, now: float) -> None:
         """Expire join state, publish what is due, checkpoint on cadence."""
+        self._shed_check()
         self._learn(self.joiner.tick(int(now * 1e9) if self.live else None), now)
+        self._shed_count()
         self.publish_due(now)
         if (
             self.checkpoints is not None
@@ -377,7 +382,9 @@ class LearningConsumer:
     def close(self) -> None:
         """Flush the joiner, learn the rest, publish and checkpoint a last time."""
         now = self._clock()
+        self._shed_check()
         self._learn(self.joiner.flush(), now)
+        self._shed_count()
         self.publish_due(now, force=True)
         self.checkpoint()
         self.writer.close()
@@ -396,12 +403,7 @@ class LearningConsumer:
         # Step observations come in bursts (a joiner sweep): each configuration's are
         # learned in one vectorised call, the same computation as one by one.
         steps: dict[str, tuple[ServingConfig, list[StepObservation]]] = {}
-        keep = self._keep_ratio()
-        shed = 0
         for obs in observations:
-            if keep < 1.0 and type(obs) is StepObservation and not self.shedder.keep(obs.step):  # type: ignore[union-attr]
-                shed += 1
-                continue
             cfg = self.resolver.resolve(obs.source)
             if cfg is None:
                 if isinstance(obs, KVTransferObservation):
@@ -438,20 +440,18 @@ class LearningConsumer:
                     p.first_step_arrival = t
             for s in scored:
                 self._record(cid, s)
-        if shed:
-            self.shed += shed
-            self.metrics.shed.inc(shed)
         self.metrics.configurations.set(len(self.registry))
         if resolved_any and self._unresolved_kv:
             self._retry_kv(now)
 
-    def _keep_ratio(self) -> float:
-        """The shedder's share for the current backlog (1 without one); logs changes of state."""
+    def _shed_check(self) -> None:
+        """Set the shedder's share from the backlog; the joiner skips the steps it drops."""
         if self.shedder is None or self.backlog is None:
-            return 1.0
+            return
         ratio = self.shedder.update(self.backlog())
         self.metrics.keep_ratio.set(ratio)
         shedding = ratio < 1.0
+        self.joiner.step_filter = self._keep_step if shedding else None
         if shedding != self._shedding:
             self._shedding = shedding
             log.warning(
@@ -459,9 +459,21 @@ class LearningConsumer:
                 if shedding
                 else "learning caught up: learning every step observation",
                 keep_ratio=round(ratio, 3),
+                backlog=round(self.backlog(), 3),
                 shed_total=self.shed,
             )
-        return ratio
+
+    def _keep_step(self, step: int) -> bool:
+        if self.shedder.keep(step):  # type: ignore[union-attr]
+            return True
+        self._shed_now += 1
+        return False
+
+    def _shed_count(self) -> None:
+        if self._shed_now:
+            self.shed += self._shed_now
+            self.metrics.shed.inc(self._shed_now)
+            self._shed_now = 0
 
     def _pending_for(self, cid: str, now: float) -> _Pending:
         p = self._pending.get(cid)

@@ -5,9 +5,11 @@ Why: push-back reaches vLLM, whose ``BatchSpanProcessor`` drops spans once its o
 queue is full, and a dropped journey or step span costs observations far beyond itself
 (the joins around it fail). Step observations, on the other hand, are plentiful and
 redundant for an RLS learner whose memory is ~90 rows (λ = 0.989): a busy engine yields
-hundreds a second. So under load the joiner still sees every record, and the learners
-see a deterministic, evenly spread share of the step observations; request and KV
-observations (one per request or transfer) are always learned.
+hundreds a second. So under load the joiner still takes in every record, but builds
+(and the learners learn) only a deterministic, evenly spread share of the step
+observations — building one (pinning its period, composing its batch) costs more than
+learning it. Request and KV observations (one per request or transfer) are always
+joined and learned.
 
 The share is a proportional controller on the pipeline's backlog (queue fill, 0..1):
 all below ``start``, ``min_keep`` at and above ``full``, linear in between. Selection is

@@ -415,6 +415,20 @@ class EngineState:
                 types.add(typ)
         return iv.intersect(parts), frozenset(types)
 
+    def shed(self, n: int) -> None:
+        """Finalize step ``n`` without building its observation (load shedding): only the
+        cheap bookkeeping that later steps rely on still happens — async-mode votes, and
+        the loop period from consecutive summaries for the recent periods that the
+        queue-wait estimate of request observations (α0) needs."""
+        self.finalized.add(n)
+        self._vote_async(n)
+        self._vote_async(n + 1)
+        s, nxt = self.summaries[n], self.summaries.get(n + 1)
+        if nxt is not None and s.scheduled_tokens and nxt.scheduled_tokens:
+            gap = nxt.start_mono_ns - s.start_mono_ns
+            if 0 < gap <= self.cfg.max_period_ms * 1e6:
+                self.recent_periods.append(gap)
+
     def finalize(self, n: int, kv: tuple[KVTransferObservation, ...] = ()) -> StepResult:
         """Turn the summary of step ``n`` into a StepObservation (or say why not)."""
         s = self.summaries[n]

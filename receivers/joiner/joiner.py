@@ -92,6 +92,9 @@ class Joiner:
         # the span whose events are arriving now (they follow their span record)
         self._cur: tuple[SpanKey, RequestEntry, CoreState | None, EngineState | None] | None = None
         self._pending_cov: list[tuple[EngineState, int, int]] = []
+        #: Load shedding (set by the consumer while it sheds): steps for which this is
+        #: False are finalized without an observation, counted as outcome ``shed``.
+        self.step_filter: Callable[[int], bool] | None = None
         self._kv_open: dict[kvmod.TransferKey, KVTransfer] = {}
         self._kv_done: dict[tuple[bool, kvmod.TransferKey], int] = {}
         self._kv_early: dict[kvmod.TransferKey, KVTransfer] = {}  # completed, not initiated
@@ -525,6 +528,13 @@ class Joiner:
 
     def _finalize_step(self, eng: EngineState, n: int) -> None:
         if n not in eng.summaries or n in eng.finalized:
+            return
+        keep = self.step_filter
+        if keep is not None and not keep(n):
+            # Shed before the join work: pinning and composing a step costs several times
+            # what learning it does, so shedding only at the learner saved too little.
+            eng.shed(n)
+            self.metrics.outcome("step", "shed", "load")
             return
         res = eng.finalize(n, self._kv_for_step(eng, n) if self._kv_steps else ())
         if res.observation is not None:

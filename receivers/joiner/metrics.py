@@ -7,7 +7,7 @@ from collections import Counter
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as PromCounter
 
-OUTCOMES = ("joined", "expired", "duplicate", "late", "unmatched", "rejected")
+OUTCOMES = ("joined", "expired", "duplicate", "late", "unmatched", "rejected", "shed")
 OBSERVATIONS = ("step", "request", "kv_transfer")
 
 

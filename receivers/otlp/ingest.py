@@ -7,6 +7,7 @@ a decoded request (and what is counted) must be identical, so it lives here.
 from __future__ import annotations
 
 import enum
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -56,8 +57,15 @@ class Ingestor:
         metrics: ReceiverMetrics,
         limiter: RateLimiter | None = None,
         closed: Callable[[], bool] = lambda: False,
+        room: Callable[[int], bool] | None = None,
     ) -> None:
         self._closed = closed
+        # ``room(n)``: could the pipeline take ``n`` more records now? Asked before
+        # decoding, with the typical request size, so that a full pipeline costs a retry
+        # answer and not a decode thrown away (under overload that waste, repeated for
+        # every resend, made throughput collapse instead of level off).
+        self._room = room
+        self._typical = 0.0  # moving average of records per request
         self.receiver = receiver
         self.decoder = decoder
         self.offer = offer
@@ -78,6 +86,7 @@ class Ingestor:
             app.metrics,
             RateLimiter(app.settings.log.rate_limit_seconds),
             closed=lambda: app.pipeline.closed,
+            room=app.pipeline.has_room,
         )
 
     def ingest(self, req: Any, peer: str = "", wait: bool = False) -> Ingested:
@@ -87,25 +96,19 @@ class Ingestor:
         ``wait=True`` (replay: there is no client to push back on) retries the offer
         until the pipeline has room or is closed, instead of answering ``RETRY``.
         """
+        if not wait and self._room is not None and not self._room(math.ceil(self._typical)):
+            return self._retry(DecodeResult(), peer)
         t0 = time.perf_counter()
         res = self.decoder.decode(req)
         self._decode_hist.observe(time.perf_counter() - t0)
+        n = len(res.records)
+        self._typical = n if not self._typical else self._typical + 0.1 * (n - self._typical)
         accepted = self.offer(res.records, self.receiver)
         while not accepted and wait and not self._closed():
             time.sleep(0.005)
             accepted = self.offer(res.records, self.receiver)
         if not accepted:
-            self._requests[Outcome.RETRY].inc()
-            ok, suppressed = self.limiter.allow("retry")
-            if ok:
-                log.warning(
-                    "pipeline full; client told to retry",
-                    receiver=self.receiver,
-                    records=len(res.records),
-                    peer=peer,
-                    suppressed=suppressed,
-                )
-            return Ingested(Outcome.RETRY, res)
+            return self._retry(res, peer)
         if res.ignored:
             self._ignored.inc(res.ignored)
         if res.dropped_upstream:
@@ -137,6 +140,19 @@ class Ingestor:
             return Ingested(Outcome.PARTIAL, res)
         self._requests[Outcome.OK].inc()
         return Ingested(Outcome.OK, res)
+
+    def _retry(self, res: DecodeResult, peer: str) -> Ingested:
+        self._requests[Outcome.RETRY].inc()
+        ok, suppressed = self.limiter.allow("retry")
+        if ok:
+            log.warning(
+                "pipeline full; client told to retry",
+                receiver=self.receiver,
+                records=len(res.records) or None,  # None: refused before decoding
+                peer=peer,
+                suppressed=suppressed,
+            )
+        return Ingested(Outcome.RETRY, res)
 
     def invalid(self, reason: str, peer: str = "", size: int = 0) -> None:
         """Account for an undecodable request body (counted, logged once)."""

@@ -113,3 +113,26 @@ def test_http_503_retry_after(full_app: App) -> None:
     # nothing from the refused request was counted as received
     assert metric(m, "coeffd_events_received_total", receiver="otlp_http", kind="CoreSpan") == 0
     assert metric(m, "coeffd_queue_depth") == 4
+
+
+def test_full_pipeline_refuses_before_decoding(full_app: App) -> None:
+    """Under overload a refused request must not cost a decode that is thrown away (each
+    resend would pay it again): once the typical request size is known, a pipeline without
+    room for it answers UNAVAILABLE before decoding."""
+    body = request(("vllm.scheduler", [core_span(journey())]))
+    with grpc.insecure_channel(f"127.0.0.1:{full_app.grpc_port}") as ch:
+        stub = trace_service_pb2_grpc.TraceServiceStub(ch)
+        for _ in range(3):
+            with pytest.raises(grpc.RpcError) as ei:
+                stub.Export(body, timeout=5)
+            assert ei.value.code() == grpc.StatusCode.UNAVAILABLE
+    m = scrape(full_app)
+    assert metric(m, "coeffd_receiver_requests_total", receiver="otlp_grpc", outcome="retry") == 3
+    # only the first was decoded (it taught the ingestor the typical request size)
+    assert metric(m, "coeffd_receiver_decode_seconds_count", receiver="otlp_grpc") == 1
+    full_app.resume()  # room again: the same request is decoded and accepted
+    with grpc.insecure_channel(f"127.0.0.1:{full_app.grpc_port}") as ch:
+        trace_service_pb2_grpc.TraceServiceStub(ch).Export(body, timeout=5)
+    m = scrape(full_app)
+    assert metric(m, "coeffd_receiver_requests_total", receiver="otlp_grpc", outcome="ok") == 1
+    assert metric(m, "coeffd_receiver_decode_seconds_count", receiver="otlp_grpc") == 2

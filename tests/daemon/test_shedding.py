@@ -1,0 +1,99 @@
+"""Learning load shedding, through the real learning consumer fed by simfleet telemetry:
+under backlog an evenly spread share of step observations is learned, every request
+observation still is, and everything shed is counted."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from daemon.commands.serve import build_consumer
+from daemon.learning import LearningConsumer
+from daemon.settings import load_settings
+from receivers.otlp.decode import Decoder
+from simfleet import SampleRates, run
+
+
+@pytest.fixture(scope="module")
+def batches() -> list[list[Any]]:
+    dec = Decoder()
+    out: list[list[Any]] = []
+    run(
+        "steady",
+        60,
+        3,
+        rates=SampleRates(1.0, 1.0, 0.02, 100),
+        trace_sinks=[lambda r: out.append(dec.decode(r).records)],
+        max_events=100_000,
+        drain_s=5,
+    )
+    return out
+
+
+def _learn(batches: list[list[Any]], tmp: Path, backlog: float) -> tuple[LearningConsumer, dict]:
+    settings = load_settings(
+        overrides={"publish": {"snapshot_dir": str(tmp / "s")}, "state": {"state_dir": ""}},
+        environ={},
+    )
+    reg = CollectorRegistry()
+    consumer, _ = build_consumer(settings, reg, live=False)
+    consumer.backlog = lambda: backlog
+    for b in batches:
+        consumer.consume(b)
+    consumer.close()
+    learned: dict[str, float] = {}
+    for fam in reg.collect():
+        for s in fam.samples:
+            if s.name == "coeffd_learner_observations_total":
+                learned[s.labels["target"]] = learned.get(s.labels["target"], 0) + s.value
+            if s.name in ("coeffd_observations_shed_total", "coeffd_learning_keep_ratio"):
+                learned[s.name] = s.value
+    return consumer, learned
+
+
+def test_no_backlog_learns_everything(batches: list[list[Any]], tmp_path: Path) -> None:
+    consumer, got = _learn(batches, tmp_path, 0.0)
+    assert consumer.shed == 0 and got["coeffd_observations_shed_total"] == 0
+    assert got["coeffd_learning_keep_ratio"] == 1.0
+    assert got["step_period"] > 1000
+
+
+@pytest.mark.parametrize("backlog", [0.3, 1.0])
+def test_backlog_learns_an_even_share_of_steps_and_every_request(
+    batches: list[list[Any]], tmp_path: Path, backlog: float
+) -> None:
+    _, full = _learn(batches, tmp_path / "full", 0.0)
+    consumer, got = _learn(batches, tmp_path / "shed", backlog)
+    keep = consumer.shedder.update(backlog)  # type: ignore[union-attr]
+    assert keep == pytest.approx(0.515625 if backlog == 0.3 else 1 / 32)
+    assert got["coeffd_learning_keep_ratio"] == pytest.approx(keep)
+    total = full["step_period"]
+    # every step not learned is accounted for: shed (before joining) counts at least the
+    # observations missing (it also counts steps the joiner would have rejected anyway)
+    assert got["coeffd_observations_shed_total"] >= total - got["step_period"] > 0
+    # the share kept: within 4 binomial standard deviations of the target ratio
+    tol = 4 * math.sqrt(keep * (1 - keep) / total) + 1 / total
+    assert abs(got["step_period"] / total - keep) < tol
+    # request observations (one per request) are never shed
+    for target in ("finished_to_departed", "output_token"):
+        assert got[target] == full[target] > 0
+    # α0 is learned once the engine's loop period is known; shed steps still feed that
+    # estimate (their consecutive-summary period), so only its start-up may differ a bit
+    assert full["arrival_to_queued"] >= got["arrival_to_queued"] >= 0.95 * full["arrival_to_queued"]
+
+
+def test_shed_learning_still_publishes_valid_coefficients(
+    batches: list[list[Any]], tmp_path: Path
+) -> None:
+    """Learning from 1/32 of the steps still yields finite, non-negative vectors."""
+    consumer, _ = _learn(batches, tmp_path, 1.0)
+    snaps = list((tmp_path / "s").rglob("latest.json"))
+    assert snaps, "nothing published while shedding"
+    for cid in consumer.registry.ids():
+        beta = np.asarray(consumer.registry.snapshot(cid).beta)
+        assert beta.shape == (11,) and np.all(np.isfinite(beta)) and np.all(beta >= 0)
