@@ -241,8 +241,11 @@ class Pipeline:
                 next_tick = time.monotonic() + self.tick_interval
 
     def _call(self, stage: str, fn: Callable[[Any], None], arg: Any) -> None:
+        t0 = time.perf_counter()
         try:
             fn(arg)
+            if self.metrics is not None:
+                self.metrics.stage_seconds.labels(stage).observe(time.perf_counter() - t0)
         except Exception as e:
             # A consumer bug must not kill the worker (the queue would fill and every
             # receiver would answer "retry" forever); count, log (rate-limited), go on.

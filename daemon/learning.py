@@ -369,6 +369,14 @@ class LearningConsumer:
 
     def tick(self, now: float) -> None:
         """Expire join state, publish what is due, checkpoint on cadence."""
+        t0 = time.perf_counter()
+        try:
+            self._tick(now)
+        finally:
+            if self.shedder is not None:
+                self.shedder.observe_tick(time.perf_counter() - t0)
+
+    def _tick(self, now: float) -> None:
         self._shed_check()
         self._learn(self.joiner.tick(int(now * 1e9) if self.live else None), now)
         self._shed_count()

@@ -71,6 +71,15 @@ class ReceiverMetrics:
             registry=registry,
         )
 
+        self.stage_seconds = Histogram(
+            "coeffd_pipeline_stage_seconds",
+            "Time the pipeline worker spends per consumer call (consume: one batch; tick: "
+            "window expiry, learning what it released, publishing).",
+            ["stage"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=registry,
+        )
+
     def track_queue_depth(self, fn: Callable[[], float]) -> None:
         """Read the depth at scrape time instead of updating a gauge per batch."""
         self.queue_depth.set_function(fn)

@@ -11,10 +11,17 @@ observations — building one (pinning its period, composing its batch) costs mo
 learning it. Request and KV observations (one per request or transfer) are always
 joined and learned.
 
-The share is a proportional controller on the pipeline's backlog (queue fill, 0..1):
-all below ``start``, ``min_keep`` at and above ``full``, linear in between. Selection is
-by step id through a golden-ratio hash, so the kept steps are spread evenly and the
-same on every replay of the same data at the same backlog.
+The share is the smaller of two controls:
+
+* a proportional one on the pipeline's backlog (queue fill, 0..1): all below ``start``,
+  ``min_keep`` at and above ``full``, linear in between — receivers never push back;
+* a multiplicative one on the duration of the worker's ticks, where a live daemon builds
+  and learns the steps its window releases: a tick longer than ``tick_budget_s`` scales
+  the share down by √(budget/duration), a shorter one lets it recover (at most ×2 a
+  tick) — a long tick delays every snapshot (freshness), even while the queue keeps up.
+
+Selection is by step id through a golden-ratio hash, so the kept steps are spread evenly
+and the same on every replay of the same data at the same share.
 
 >>> s = LoadShedder(start=0.2, full=0.6, min_keep=0.125)
 >>> s.update(0.1), s.update(0.4), s.update(0.9)
@@ -23,9 +30,16 @@ same on every replay of the same data at the same backlog.
 0.5625
 >>> sum(s.keep(n) for n in range(10_000))   # ~56 % of the steps, spread evenly
 5625
+>>> s.observe_tick(0.4)   # 4x the default 0.1 s budget: share x0.5
+>>> s.update(0.0)
+0.5
+>>> s.observe_tick(0.01); s.update(0.0)   # well within budget: recovers
+1.0
 """
 
 from __future__ import annotations
+
+import math
 
 __all__ = ["LoadShedder"]
 
@@ -44,9 +58,17 @@ class LoadShedder:
         Backlog at and above which only ``min_keep`` of the steps is learned.
     min_keep
         The smallest share learned (never zero: learning never stops).
+    tick_budget_s
+        Tick duration the share is steered to stay under (0: no tick control).
     """
 
-    def __init__(self, start: float = 0.1, full: float = 0.5, min_keep: float = 1 / 32) -> None:
+    def __init__(
+        self,
+        start: float = 0.1,
+        full: float = 0.5,
+        min_keep: float = 1 / 32,
+        tick_budget_s: float = 0.1,
+    ) -> None:
         if not 0.0 <= start < full <= 1.0:
             raise ValueError(f"need 0 <= start < full <= 1, got start={start}, full={full}")
         if not 0.0 < min_keep <= 1.0:
@@ -54,7 +76,9 @@ class LoadShedder:
         self.start = start
         self.full = full
         self.min_keep = min_keep
+        self.tick_budget_s = tick_budget_s
         self.ratio = 1.0
+        self._tick_share = 1.0
         self._limit = _MASK + 1
 
     def update(self, backlog: float) -> float:
@@ -65,9 +89,17 @@ class LoadShedder:
             r = self.min_keep
         else:
             r = 1.0 - (1.0 - self.min_keep) * (backlog - self.start) / (self.full - self.start)
+        r = min(r, self._tick_share)
         self.ratio = r
         self._limit = int(r * (_MASK + 1))
         return r
+
+    def observe_tick(self, seconds: float) -> None:
+        """Feed the duration of the last tick (applies from the next :meth:`update`)."""
+        if self.tick_budget_s <= 0:
+            return
+        factor = min(2.0, math.sqrt(self.tick_budget_s / max(seconds, 1e-6)))
+        self._tick_share = min(1.0, max(self.min_keep, self._tick_share * factor))
 
     def keep(self, step: int) -> bool:
         """Whether step ``step``'s observation is learned at the current ratio."""
