@@ -116,6 +116,7 @@ class EngineState:
         )
         # (bucket end wall ns, highest step) of first sightings, in 50 ms buckets
         self.timeline: deque[tuple[int, int]] = deque()
+        self._tail_end = 0  # end of the bucket of the last sighting
         self.horizon = 0  # steps below are gone
         self.coverage: list[list[int]] = []  # merged [start, end] of complete step spans
         self.cal = _Calibration()
@@ -142,12 +143,17 @@ class EngineState:
         # letting it stay up to 50 ms longer in a 30 s window costs nothing, while an entry
         # per step was a tenth of the joiner's memory.
         tl = self.timeline
-        end = (wall_ns // _SIGHTING_BUCKET_NS + 1) * _SIGHTING_BUCKET_NS
-        if tl and tl[-1][0] == end:
-            if step > tl[-1][1]:
+        end = self._tail_end
+        if end - _SIGHTING_BUCKET_NS <= wall_ns < end and tl and tl[-1][0] == end:
+            if step > tl[-1][1]:  # (the hot path: a sighting in the current bucket)
                 tl[-1] = (end, step)
         else:
-            tl.append((end, step))
+            end = self._tail_end = (wall_ns // _SIGHTING_BUCKET_NS + 1) * _SIGHTING_BUCKET_NS
+            if tl and tl[-1][0] == end:
+                if step > tl[-1][1]:
+                    tl[-1] = (end, step)
+            else:
+                tl.append((end, step))
         if step > self.max_step:
             self.max_step = step
 
