@@ -20,6 +20,7 @@ from daemon.app import App
 from daemon.commands.common import EXIT_USAGE, add_settings_arguments, settings_from_args
 from daemon.commands.serve import build_app
 from daemon.learning import LearningConsumer
+from daemon.settings import Settings
 from receivers.otlp.ingest import Ingestor
 from receivers.replay.reader import RECEIVER, ReplaySummary, replay_files
 
@@ -70,6 +71,19 @@ def run_replay(app: App, files: list[str], show_progress: bool | None = None) ->
     return summary
 
 
+def replay_settings(settings: Settings, *, serve: bool) -> Settings:
+    """The daemon's settings for a replay: no load shedding (a replay waits for queue
+    room instead of being pushed back, so a full queue is no reason to learn less), and
+    without ``--serve`` no listeners."""
+    settings = settings.model_copy(deep=True)
+    settings.pipeline.shed_learning = False
+    if not serve:
+        settings.receivers.otlp_grpc.enabled = False
+        settings.receivers.otlp_http.enabled = False
+        settings.http.enabled = False
+    return settings
+
+
 def run(args: argparse.Namespace) -> int:
     """Replay, print the summary; 0 on success, 1 if a file could not be read."""
     settings = settings_from_args(args)
@@ -79,11 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         print(f"coeffd: no such file: {missing[0]}", file=sys.stderr)
         return EXIT_USAGE
-    if not args.serve:
-        settings = settings.model_copy(deep=True)
-        settings.receivers.otlp_grpc.enabled = False
-        settings.receivers.otlp_http.enabled = False
-        settings.http.enabled = False
+    settings = replay_settings(settings, serve=args.serve)
     try:
         app = build_app(settings, live=False)
     except (OSError, ValueError) as e:

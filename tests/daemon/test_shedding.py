@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from daemon.commands.serve import build_consumer
+from daemon.commands.replay import replay_settings
+from daemon.commands.serve import build_app, build_consumer
 from daemon.learning import LearningConsumer
 from daemon.settings import load_settings
 from receivers.otlp.decode import Decoder
@@ -97,3 +98,16 @@ def test_shed_learning_still_publishes_valid_coefficients(
     for cid in consumer.registry.ids():
         beta = np.asarray(consumer.registry.snapshot(cid).beta)
         assert beta.shape == (11,) and np.all(np.isfinite(beta)) and np.all(beta >= 0)
+
+
+def test_replay_never_sheds(tmp_path: Path) -> None:
+    """A replay waits for queue room (no sender to push back on), so a full queue is
+    normal there and must not make it learn less."""
+    settings = load_settings(
+        overrides={"publish": {"snapshot_dir": str(tmp_path / "s")}, "state": {"state_dir": ""}},
+        environ={},
+    )
+    assert settings.pipeline.shed_learning  # the daemon's default
+    app = build_app(replay_settings(settings, serve=False), live=False)
+    assert isinstance(app.consumer, LearningConsumer) and app.consumer.shedder is None
+    assert replay_settings(settings, serve=True).receivers.otlp_grpc.enabled
