@@ -168,8 +168,9 @@ class PipelineSettings(_Section):
     shed_full: float = Field(default=0.5, gt=0.0, le=1.0)
     shed_min_keep: float = Field(default=1 / 32, gt=0.0, le=1.0)
     #: Also shed when a tick (where a live daemon builds and learns the steps its window
-    #: releases) runs longer than this: long ticks delay every snapshot. 0 = backlog only.
-    shed_tick_budget_seconds: float = Field(default=0.1, ge=0.0, le=60.0)
+    #: releases) takes more than this share of ``tick_interval_seconds``: long ticks delay
+    #: every snapshot and starve the receivers. 0 = shed on backlog only.
+    shed_tick_budget: float = Field(default=0.4, ge=0.0, le=1.0)
 
     @model_validator(mode="after")
     def _shed_order(self) -> PipelineSettings:

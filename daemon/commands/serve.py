@@ -88,7 +88,7 @@ def build_consumer(
             settings.pipeline.shed_start,
             settings.pipeline.shed_full,
             settings.pipeline.shed_min_keep,
-            settings.pipeline.shed_tick_budget_seconds,
+            settings.pipeline.shed_tick_budget * settings.pipeline.tick_interval_seconds,
         )
         if settings.pipeline.shed_learning
         else None,
