@@ -21,9 +21,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from daemon.batchhist import BatchHistogram
 from daemon.checkpoint import CheckpointStore
 from daemon.publish.snapshot import (
     ConfigurationRef,
@@ -58,12 +60,12 @@ class ServeMetrics:
     """Learning-side metric families (names: CONTRIBUTING.md), on the app's registry."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.relative_error = Histogram(
+        self.relative_error = BatchHistogram(
             "coeffd_prediction_relative_error",
             "|measured - predicted| / measured of every observation, predicted before learning.",
             ["config", "target", "coefficients"],
-            buckets=_ERROR_BUCKETS,
-            registry=registry,
+            _ERROR_BUCKETS,
+            registry,
         )
         self.mape = Gauge(
             "coeffd_prediction_mape",
@@ -283,7 +285,6 @@ class LearningConsumer:
         self._shedding = False
         self._pending: dict[str, _Pending] = {}
         self._configs: dict[str, ServingConfig] = {}
-        self._children: dict[tuple[str, str, str], Any] = {}
         self._last_checkpoint = clock()
         # File writes (fsync) happen on the writer's thread, never on the pipeline worker.
         self.writer = Writer(
@@ -446,8 +447,7 @@ class LearningConsumer:
                 t = arrival.pop((obs.source.id, obs.step), None)
                 if t is not None and (p.first_step_arrival is None or t < p.first_step_arrival):
                     p.first_step_arrival = t
-            for s in scored:
-                self._record(cid, s)
+            self._record_steps(cid, scored)
         self.metrics.configurations.set(len(self.registry))
         if resolved_any and self._unresolved_kv:
             self._retry_kv(now)
@@ -511,11 +511,24 @@ class LearningConsumer:
         for source, yhat in s.predictions.items():
             if source not in _SOURCES or yhat is None or not math.isfinite(yhat):
                 continue
-            key = (cid, s.target, source)
-            child = self._children.get(key)
-            if child is None:
-                child = self._children[key] = self.metrics.relative_error.labels(*key)
-            child.observe(abs(y - yhat) / y)
+            self.metrics.relative_error.observe((cid, s.target, source), abs(y - yhat) / y)
+
+    def _record_steps(self, cid: str, scored: list[Scored]) -> None:
+        """:meth:`_record` for a batch of step scores (one histogram update per source)."""
+        target = scored[0].target
+        if any(s.target != target for s in scored):
+            for s in scored:
+                self._record(cid, s)
+            return
+        self.metrics.learner_observations.labels(cid, target).inc(len(scored))
+        y = np.array([s.y for s in scored])
+        good = (y > 0) & np.isfinite(y)
+        for source in _SOURCES:
+            yhat = np.array([s.predictions.get(source, math.nan) for s in scored])
+            ok = good & np.isfinite(yhat)
+            if ok.any():
+                rel = np.abs(y[ok] - yhat[ok]) / y[ok]
+                self.metrics.relative_error.observe_many((cid, target, source), rel)
 
     # -------------------------------------------------------------- publishing
     def publish_due(self, now: float, force: bool = False) -> None:

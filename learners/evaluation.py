@@ -78,6 +78,24 @@ class _Ring:
         if self.n < len(self._buf):
             self.n += 1
 
+    def extend(self, values: FloatArray) -> None:
+        """Append many values in order (the same ring content as appending one by one)."""
+        buf, size, n = self._buf, len(self._buf), len(values)
+        if n >= size:
+            buf[:] = values[n - size :]
+            self._i, self.n = 0, size
+            return
+        i = self._i
+        end = i + n
+        if end <= size:
+            buf[i:end] = values
+        else:
+            k = size - i
+            buf[i:] = values[:k]
+            buf[: end - size] = values[k:]
+        self._i = end % size
+        self.n = min(size, self.n + n)
+
     def mean(self) -> float:
         return float(self._buf[: self.n].mean(dtype=np.float64)) if self.n else math.nan
 
@@ -101,6 +119,15 @@ class RollingError:
         self._se.append(err * err)
         self.n_total += 1
         return rel
+
+    def update_many(self, y: FloatArray, yhat: FloatArray) -> None:
+        """:meth:`update` for many rows, in order."""
+        err = y - yhat
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel = np.where(err == 0.0, 0.0, np.abs(err) / np.abs(y))
+        self._ape.extend(rel[np.isfinite(rel)])
+        self._se.extend(err * err)
+        self.n_total += len(y)
 
     @property
     def mape(self) -> float:
@@ -137,13 +164,52 @@ class Evaluator:
             if yhat is None or not math.isfinite(yhat):
                 continue
             for reg in ("all", regime) if regime else ("all",):
-                key = (config, target, source, reg)
-                e = self._err.get(key)
-                if e is None:
-                    e = self._err[key] = RollingError(self.window)
-                rel = e.update(y, yhat)
+                rel = self._rolling(config, target, source, reg).update(y, yhat)
             out[source] = rel
         return out
+
+    def record_many(
+        self,
+        config: str,
+        target: str,
+        y: FloatArray,
+        predictions: Mapping[str, FloatArray],
+        regimes: Sequence[str] | None = None,
+    ) -> None:
+        """:meth:`record` for many rows at once (NaN = no prediction from that source);
+        the windows end up exactly as after recording the rows one by one.
+
+        >>> import numpy as np
+        >>> a, b = Evaluator(window=4), Evaluator(window=4)
+        >>> y, p = np.array([10.0, 20.0, 40.0]), np.array([11.0, np.nan, 30.0])
+        >>> for i in range(3):
+        ...     _ = a.record("c", "t", float(y[i]), {"m": float(p[i])}, ["x", "y", "x"][i])
+        >>> b.record_many("c", "t", y, {"m": p}, ["x", "y", "x"])
+        >>> a.summary("c", "t") == b.summary("c", "t")
+        True
+        """
+        finite_y = np.isfinite(y)
+        regs = np.asarray(regimes) if regimes is not None else None
+        for source, yhat in predictions.items():
+            ok = finite_y & np.isfinite(yhat)
+            if not ok.any():
+                continue
+            ys, ps = y[ok], yhat[ok]
+            self._rolling(config, target, source, "all").update_many(ys, ps)
+            if regs is None:
+                continue
+            r = regs[ok]
+            for reg in dict.fromkeys(r.tolist()):  # first-appearance order, like record()
+                if reg:
+                    m = r == reg
+                    self._rolling(config, target, source, reg).update_many(ys[m], ps[m])
+
+    def _rolling(self, config: str, target: str, source: str, regime: str) -> RollingError:
+        key = (config, target, source, regime)
+        e = self._err.get(key)
+        if e is None:
+            e = self._err[key] = RollingError(self.window)
+        return e
 
     def summary(self, config: str, target: str) -> dict[str, dict[str, dict[str, float]]]:
         """``{source: {regime or "all": {"mape", "rmse", "n"}}}``."""
@@ -221,6 +287,52 @@ class WindowedRefit:
 
     def predict_one(self, x: Sequence[float] | FloatArray) -> float:
         return float(np.asarray(x, dtype=float) @ self.coef)
+
+    def learn_many_prequential(self, X: FloatArray, y: FloatArray) -> FloatArray:
+        """Predict each row, then learn it: the same as ``predict_one`` and ``learn_one``
+        row by row, a segment (up to the next refit) at a time. Rows whose ``y`` is not
+        finite and positive are predicted but not learned, as in ``learn_one``.
+
+        >>> import numpy as np
+        >>> a, b = WindowedRefit(8, 3, 1), WindowedRefit(8, 3, 1)
+        >>> X, y = np.ones((10, 1)), np.arange(1.0, 11.0)
+        >>> p = a.learn_many_prequential(X, y)
+        >>> q = []
+        >>> for i in range(10):
+        ...     q.append(b.predict_one(X[i])); b.learn_one(X[i], float(y[i]))
+        >>> bool(np.array_equal(p, q))
+        True
+        """
+        out = np.empty(len(y))
+        valid = np.isfinite(y) & (y > 0)
+        i, n = 0, len(y)
+        while i < n:
+            # rows up to (and including) the one that triggers the next refit
+            need = self.refit_every - self._since
+            hits = np.flatnonzero(valid[i:])
+            end = n if len(hits) < need else i + int(hits[need - 1]) + 1
+            seg = slice(i, end)
+            out[seg] = X[seg] @ self.coef
+            rows = np.flatnonzero(valid[seg]) + i
+            self._store(X[rows], y[rows])
+            self._since += len(rows)
+            if self._since >= self.refit_every:
+                self._since = 0
+                self.refit()
+            i = end
+        return out
+
+    def _store(self, X: FloatArray, y: FloatArray) -> None:
+        """Write rows into the ring buffers, in order."""
+        w = self.window
+        for j in range(0, len(y), w):  # (a chunk never wraps onto itself)
+            xs, ys = X[j : j + w], y[j : j + w]
+            k = len(ys)
+            idx = (self._i + np.arange(k)) % w
+            self._x[idx] = xs
+            self._y[idx] = ys
+            self._i = (self._i + k) % w
+            self._n = min(self._n + k, w)
 
     def summary(self) -> dict[str, Any]:
         return {"window": self.window, "refit_every": self.refit_every, "rows": self._n}

@@ -328,27 +328,32 @@ class LearnerSet:
             beta.drift.clock_ns = steps[-1].start_mono_ns
         learned = beta.learn_many_prequential(x_all, y_all)
         default = x_all @ np.asarray(BLIS_DEFAULT_BETA)
-        extended: list[float | None] = [None] * len(ys)
+        extended = np.full(len(ys), np.nan)
         ok = [i for i, xe in enumerate(xes) if xe is not None]
         if ok:
             xe_all = np.array([xes[i] for i in ok])
-            pe = self.learner("beta_extended").learn_many_prequential(
+            extended[ok] = self.learner("beta_extended").learn_many_prequential(
                 xe_all, y_all[ok], nonnegative=False
             )
-            for j, i in enumerate(ok):
-                extended[i] = float(pe[j])
+        refit = self.baseline.learn_many_prequential(x_all, y_all)
+        columns = {
+            "learned": learned,
+            "blis_default": default,
+            "batch_refit": refit,
+            "learned_extended": extended,
+        }
+        if evaluator is not None:
+            evaluator.record_many(self.config.id, "step_period", y_all, columns, regimes)
+        rows = zip(
+            ys, learned.tolist(), default.tolist(), refit.tolist(), extended.tolist(), regimes,
+            strict=True,
+        )  # fmt: skip
         out = []
-        for i, y in enumerate(ys):
-            x = x_all[i]
-            preds = {
-                "learned": float(learned[i]),
-                "blis_default": float(default[i]),
-                "batch_refit": self.baseline.predict_one(x),
-            }
-            if extended[i] is not None:
-                preds["learned_extended"] = extended[i]  # type: ignore[assignment]
-            out.append(self._score(evaluator, "step_period", y, preds, regimes[i]))
-            self.baseline.learn_one(x, y)
+        for y, p_learned, p_default, p_refit, p_ext, regime in rows:
+            preds = {"learned": p_learned, "blis_default": p_default, "batch_refit": p_refit}
+            if p_ext == p_ext:  # not NaN: the extended learner predicted this row
+                preds["learned_extended"] = p_ext
+            out.append(Scored("step_period", y, preds, regime))
         self.version += len(out)
         self.observations += len(out)
         self.updated_wall_ns = time.time_ns()

@@ -47,3 +47,11 @@ def test_learn_steps_equals_one_by_one() -> None:
     sa, sb = one.snapshot(cfg.id), many.snapshot(cfg.id)
     np.testing.assert_allclose(sa.beta, sb.beta, rtol=1e-9)
     assert sa.observations == sb.observations
+    # the rolling error windows (bulk-appended per batch) hold the same rows
+    assert sa.errors.keys() == sb.errors.keys()
+    for target, by_source in sa.errors.items():
+        for source, by_regime in by_source.items():
+            for regime, stats in by_regime.items():
+                other = sb.errors[target][source][regime]
+                assert stats["n"] == other["n"], (target, source, regime)
+                np.testing.assert_allclose(stats["mape"], other["mape"], rtol=1e-6)
