@@ -111,3 +111,29 @@ def test_replay_never_sheds(tmp_path: Path) -> None:
     app = build_app(replay_settings(settings, serve=False), live=False)
     assert isinstance(app.consumer, LearningConsumer) and app.consumer.shedder is None
     assert replay_settings(settings, serve=True).receivers.otlp_grpc.enabled
+
+
+def test_long_ticks_lower_the_share(batches: list[list[Any]], tmp_path: Path) -> None:
+    """Ticks over budget lower the share even with an empty queue (long ticks delay every
+    snapshot); ticks within it let the share recover."""
+    settings = load_settings(
+        overrides={
+            "publish": {"snapshot_dir": str(tmp_path / "s")},
+            "state": {"state_dir": ""},
+            "pipeline": {"shed_tick_budget": 0.001, "tick_interval_seconds": 0.001},
+        },
+        environ={},
+    )  # a 1 µs budget: every real tick is far over it
+    consumer, _ = build_consumer(settings, CollectorRegistry(), live=False)
+    consumer.backlog = lambda: 0.0
+    shedder = consumer.shedder
+    assert shedder is not None and shedder.tick_budget_s == pytest.approx(1e-6)
+    for b in batches[:50]:
+        consumer.consume(b)
+        consumer.tick(0.0)
+    assert shedder.update(0.0) == shedder.min_keep  # driven down to the floor
+    shedder.tick_budget_s = 10.0  # now every tick is well within budget
+    for _ in range(8):
+        consumer.tick(0.0)
+    assert shedder.update(0.0) == 1.0
+    consumer.close()
