@@ -587,15 +587,17 @@ class EngineState:
         self._purge_below(h)
 
     def _purge_below(self, h: int) -> None:
-        for n in [n for n in self.summaries if n < h]:
+        # summary_steps is the sorted key list of summaries: no scan of the whole window
+        i = bisect.bisect_left(self.summary_steps, h)
+        for n in self.summary_steps[:i]:
             del self.summaries[n]
             self.finalized.discard(n)
-        i = bisect.bisect_left(self.summary_steps, h)
         if i:
             del self.summary_steps[:i]
-        self.finalized = {n for n in self.finalized if n >= h}
-        self.pending = [p for p in self.pending if p[1] >= h]
-        heapq.heapify(self.pending)
+        if len(self.finalized) > len(self.summaries):  # orphans (a cap dropped summaries)
+            self.finalized = {n for n in self.finalized if n >= h}
+        # ``pending`` is left alone: an entry whose summary is gone pops at its deadline
+        # and finds nothing to finalize.
         for k in [k for k in self.snapshots if k < h]:
             del self.snapshots[k]
         for a in self.anchors:
@@ -635,4 +637,7 @@ class EngineState:
         dropped = sorted(n for _, n in self.pending if n < h)
         self.horizon = max(self.horizon, h)
         self._purge(self.horizon)
+        # (rare) drop them from the heap too, so no later call reports them again
+        self.pending = [p for p in self.pending if p[1] >= h]
+        heapq.heapify(self.pending)
         return dropped

@@ -95,6 +95,7 @@ class Joiner:
         #: Load shedding (set by the consumer while it sheds): steps for which this is
         #: False are finalized without an observation, counted as outcome ``shed``.
         self.step_filter: Callable[[int], bool] | None = None
+        self._n_shed = 0
         self._kv_open: dict[kvmod.TransferKey, KVTransfer] = {}
         self._kv_done: dict[tuple[bool, kvmod.TransferKey], int] = {}
         self._kv_early: dict[kvmod.TransferKey, KVTransfer] = {}  # completed, not initiated
@@ -124,8 +125,7 @@ class Joiner:
         if self._max_wall - self._last_sweep >= _SWEEP_NS:
             self._sweep(None)
         if self._out:
-            out, self._out = self._out, []
-            return out
+            return self._take()
         return []
 
     def push_many(self, records: Iterable[Record]) -> list[Observation]:
@@ -138,8 +138,7 @@ class Joiner:
         self._boundary()
         if self._max_wall - self._last_sweep >= _SWEEP_NS:
             self._sweep(None)
-        out, self._out = self._out, []
-        return out
+        return self._take()
 
     def tick(self, now_wall_ns: int | None = None) -> list[Observation]:
         """Finalize what is due. ``now_wall_ns`` (the data's wall clock, e.g.
@@ -147,8 +146,7 @@ class Joiner:
         idle engine's last steps and requests still complete."""
         self._boundary()
         self._sweep(now_wall_ns)
-        out, self._out = self._out, []
-        return out
+        return self._take()
 
     def flush(self) -> list[Observation]:
         """End of stream: finalize everything still held and clear the window."""
@@ -171,10 +169,10 @@ class Joiner:
         self._done.clear()
         self._engines.clear()
         self._kv_steps.clear()
+        self._count_shed()
         self._update_gauges()
         self._log_summary(force=True)
-        out, self._out = self._out, []
-        return out
+        return self._take()
 
     def entries(self) -> dict[str, int]:
         """Current window occupancy by kind (what the gauge shows)."""
@@ -212,6 +210,17 @@ class Joiner:
 
     def _late(self, source: Source, wall_ns: int) -> bool:
         return wall_ns < self._wm.get(source.id, 0) - self._window_ns
+
+    def _take(self) -> list[Observation]:
+        """Hand out the observations built so far (and count steps shed meanwhile)."""
+        self._count_shed()
+        out, self._out = self._out, []
+        return out
+
+    def _count_shed(self) -> None:
+        if self._n_shed:
+            self.metrics.outcome("step", "shed", "load", self._n_shed)
+            self._n_shed = 0
 
     def _boundary(self) -> None:
         """The events of the previous span are all in: apply coverage, recheck waiters."""
@@ -534,7 +543,7 @@ class Joiner:
             # Shed before the join work: pinning and composing a step costs several times
             # what learning it does, so shedding only at the learner saved too little.
             eng.shed(n)
-            self.metrics.outcome("step", "shed", "load")
+            self._n_shed += 1  # counted in bulk (flush_shed): per-step tallies cost 6 %
             return
         res = eng.finalize(n, self._kv_for_step(eng, n) if self._kv_steps else ())
         if res.observation is not None:
