@@ -307,12 +307,12 @@ class LearningConsumer:
         # Arrival time of every 16th step summary (``step % 16 == 0``, unrelated to timing,
         # so the freshness histogram stays unbiased), until its observation is learned.
         # Bounded: many summaries never become observations; the oldest are forgotten.
-        # Every summary was 80 B each for 30 s of window: 8 MB at 100 engines.
+        # (Keeping every summary's arrival cost ~80 B each for 30 s: 8 MB at 100 engines.)
         self._summary_arrival: collections.OrderedDict[tuple[str, int], float] = (
             collections.OrderedDict()
         )
         self.records = 0
-        self.shed = 0  # steps not joined nor learned (load shedding)
+        self.shed = 0  # steps neither joined nor learned (load shedding)
         self._shed_now = 0
         self.observations = 0
         self.published = 0
