@@ -164,6 +164,8 @@ class RLSRegressor(base.Regressor):
         self._pred: FloatArray | None = None
         self._pred_free: FloatArray | None = None
         self._pred_key = (-1, -1)
+        self._theta_at: tuple[int, int] = (-1, -1)
+        self._theta_last: FloatArray | None = None
         self._pred_ab: tuple[FloatArray, FloatArray] = (np.zeros((d, d)), np.zeros(d))
         self.n_rejected = 0
         self.n_downweighted = 0
@@ -258,6 +260,8 @@ class RLSRegressor(base.Regressor):
         if self._theta is None:
             a, b = self.information()
             self._theta = _solve(a, b, self._theta0)
+            # kept for prediction_coef: the same solve for the same statistics
+            self._theta_at, self._theta_last = (self._folded, self._generation), self._theta
         return self._theta.copy()
 
     def nonnegative_coef(self) -> FloatArray:
@@ -303,7 +307,10 @@ class RLSRegressor(base.Regressor):
             prior_weight = self._decay if self.forget_prior else 1.0
             a = self._scale * self._a + prior_weight * self._a0
             b = self._scale * self._b + prior_weight * self._b0
-            self._pred_free = _solve(a, b, self._theta0)
+            if self._theta_at == key and self._theta_last is not None:
+                self._pred_free = self._theta_last  # θ_w refresh solved this very system
+            else:
+                self._pred_free = _solve(a, b, self._theta0)
             self._pred = None  # the non-negative fit only when asked for (an NNLS solve)
             self._pred_key = key
             self._pred_ab = (a, b)
