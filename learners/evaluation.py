@@ -61,24 +61,25 @@ def step_regime(
 
 
 class _Ring:
-    """The last ``size`` floats in a preallocated float32 array (4 bytes a value, not a
-    boxed float in a deque: these windows exist per configuration × target × source ×
-    regime; an error rate needs no more than float32's 7 digits)."""
+    """The last ``size`` values (floats, or rows of ``width`` floats) in a preallocated
+    array: 4 bytes a float32 value, not a boxed float in a deque. These windows exist per
+    configuration × target × source × regime; an error rate needs no more than float32's
+    7 digits."""
 
     __slots__ = ("_buf", "_i", "n")
 
-    def __init__(self, size: int) -> None:
-        self._buf = np.empty(size, dtype=np.float32)
+    def __init__(self, size: int, width: int | None = None, dtype: Any = np.float32) -> None:
+        self._buf = np.empty(size if width is None else (size, width), dtype=dtype)
         self._i = 0
         self.n = 0
 
-    def append(self, v: float) -> None:
+    def append(self, v: float | Sequence[float] | FloatArray) -> None:
         self._buf[self._i] = v
         self._i = (self._i + 1) % len(self._buf)
         if self.n < len(self._buf):
             self.n += 1
 
-    def extend(self, values: FloatArray) -> None:
+    def extend(self, values: npt.NDArray[Any]) -> None:
         """Append many values in order (the same ring content as appending one by one)."""
         buf, size, n = self._buf, len(self._buf), len(values)
         if n >= size:
@@ -96,8 +97,12 @@ class _Ring:
         self._i = end % size
         self.n = min(size, self.n + n)
 
+    def values(self) -> npt.NDArray[Any]:
+        """The values held (storage order, not arrival order)."""
+        return self._buf[: self.n]
+
     def mean(self) -> float:
-        return float(self._buf[: self.n].mean(dtype=np.float64)) if self.n else math.nan
+        return float(self.values().mean(dtype=np.float64)) if self.n else math.nan
 
 
 class RollingError:
@@ -252,10 +257,8 @@ class WindowedRefit:
         # Ring buffers, not a deque of row arrays (~200 B of object overhead per row);
         # features stored as float32 (the refit is a reference fit: 7 digits are plenty,
         # and this window is the largest per-configuration buffer), fitted in float64.
-        self._x = np.empty((window, n_features), dtype=np.float32)
-        self._y = np.empty(window)
-        self._i = 0
-        self._n = 0
+        self._x = _Ring(window, n_features)
+        self._y = _Ring(window, dtype=np.float64)
         self._since = 0
         self.coef: FloatArray = (
             np.zeros(n_features) if initial is None else np.asarray(initial, dtype=float)
@@ -264,20 +267,18 @@ class WindowedRefit:
     def learn_one(self, x: Sequence[float] | FloatArray, y: float) -> None:
         if not (math.isfinite(y) and y > 0):
             return
-        self._x[self._i] = x
-        self._y[self._i] = y
-        self._i = (self._i + 1) % self.window
-        self._n = min(self._n + 1, self.window)
+        self._x.append(x)
+        self._y.append(y)
         self._since += 1
         if self._since >= self.refit_every:
             self._since = 0
             self.refit()
 
     def refit(self) -> None:
-        if not self._n:
+        if not self._y.n:
             return
-        x = self._x[: self._n].astype(np.float64)
-        y = self._y[: self._n]
+        x = self._x.values().astype(np.float64)
+        y = self._y.values()
         w = 1.0 / (y * y)
         a = (x * w[:, None]).T @ x
         b = x.T @ (w * y)
@@ -314,7 +315,8 @@ class WindowedRefit:
             seg = slice(i, end)
             out[seg] = X[seg] @ self.coef
             rows = np.flatnonzero(valid[seg]) + i
-            self._store(X[rows], y[rows])
+            self._x.extend(X[rows])
+            self._y.extend(y[rows])
             self._since += len(rows)
             if self._since >= self.refit_every:
                 self._since = 0
@@ -322,17 +324,5 @@ class WindowedRefit:
             i = end
         return out
 
-    def _store(self, X: FloatArray, y: FloatArray) -> None:
-        """Write rows into the ring buffers, in order."""
-        w = self.window
-        for j in range(0, len(y), w):  # (a chunk never wraps onto itself)
-            xs, ys = X[j : j + w], y[j : j + w]
-            k = len(ys)
-            idx = (self._i + np.arange(k)) % w
-            self._x[idx] = xs
-            self._y[idx] = ys
-            self._i = (self._i + k) % w
-            self._n = min(self._n + k, w)
-
     def summary(self) -> dict[str, Any]:
-        return {"window": self.window, "refit_every": self.refit_every, "rows": self._n}
+        return {"window": self.window, "refit_every": self.refit_every, "rows": self._y.n}

@@ -304,9 +304,7 @@ class RLSRegressor(base.Regressor):
             self._fold()
         key = (self._folded, self._generation)
         if self._pred_key != key:
-            prior_weight = self._decay if self.forget_prior else 1.0
-            a = self._scale * self._a + prior_weight * self._a0
-            b = self._scale * self._b + prior_weight * self._b0
+            a, b = self._folded_information()
             if self._theta_at == key and self._theta_last is not None:
                 self._pred_free = self._theta_last  # θ_w refresh solved this very system
             else:
@@ -364,10 +362,15 @@ class RLSRegressor(base.Regressor):
         """Total information ``(A, b)``: decayed data plus prior."""
         if self._pend_y:
             self._fold()
-        prior_weight = self._decay if self.forget_prior else 1.0
-        a = self._scale * self._a + prior_weight * self._a0
-        b = self._scale * self._b + prior_weight * self._b0
-        return a, b
+        return self._folded_information()
+
+    def _folded_information(self) -> tuple[FloatArray, FloatArray]:
+        """``(A, b)`` of the rows folded so far (pending rows left out), plus the prior."""
+        w = self._prior_weight()
+        return self._scale * self._a + w * self._a0, self._scale * self._b + w * self._b0
+
+    def _prior_weight(self) -> float:
+        return self._decay if self.forget_prior else 1.0
 
     def data_information(self) -> tuple[FloatArray, FloatArray]:
         """The decayed data statistics alone (what two learners add when merged)."""
@@ -445,7 +448,7 @@ class RLSRegressor(base.Regressor):
         faster (``fast_forgetting``) for the next ``fast_for`` rows.
         """
         theta = self.coef
-        prior_weight = self._decay if self.forget_prior else 1.0
+        prior_weight = self._prior_weight()
         self._a *= keep
         self._n_eff *= keep
         a_total = self._scale * self._a + prior_weight * self._a0
