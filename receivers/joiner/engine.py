@@ -144,16 +144,13 @@ class EngineState:
         # per step was a tenth of the joiner's memory.
         tl = self.timeline
         end = self._tail_end
-        if end - _SIGHTING_BUCKET_NS <= wall_ns < end and tl and tl[-1][0] == end:
-            if step > tl[-1][1]:  # (the hot path: a sighting in the current bucket)
+        if not end - _SIGHTING_BUCKET_NS <= wall_ns < end:  # a new bucket (rarely)
+            end = self._tail_end = (wall_ns // _SIGHTING_BUCKET_NS + 1) * _SIGHTING_BUCKET_NS
+        if tl and tl[-1][0] == end:
+            if step > tl[-1][1]:
                 tl[-1] = (end, step)
         else:
-            end = self._tail_end = (wall_ns // _SIGHTING_BUCKET_NS + 1) * _SIGHTING_BUCKET_NS
-            if tl and tl[-1][0] == end:
-                if step > tl[-1][1]:
-                    tl[-1] = (end, step)
-            else:
-                tl.append((end, step))
+            tl.append((end, step))
         if step > self.max_step:
             self.max_step = step
 
@@ -277,6 +274,11 @@ class EngineState:
                 return best, m
         return None
 
+    def _typical_period(self) -> float:
+        """Median of the recent loop periods (ns)."""
+        recent = self.recent_periods
+        return sorted(recent)[len(recent) // 2]
+
     def loop_wait_ns(self, queued_mono_ns: int, queued_step: int) -> float | None:
         """Expected time a request waited for the loop boundary at which it got QUEUED.
 
@@ -300,7 +302,7 @@ class EngineState:
         if ev is None:
             return residual  # nothing seen for 256 steps before: a loaded engine
         t, m = ev
-        typical = sorted(recent)[len(recent) // 2]
+        typical = self._typical_period()
         busy = queued_mono_ns - t <= 2.0 * (queued_step - m + 2) * typical
         return residual if busy else 0.0
 
@@ -421,14 +423,19 @@ class EngineState:
                 types.add(typ)
         return iv.intersect(parts), frozenset(types)
 
+    def _close_step(self, n: int) -> None:
+        """What finalizing step ``n`` always does, built or shed: mark it, vote on the
+        loop mode."""
+        self.finalized.add(n)
+        self._vote_async(n)
+        self._vote_async(n + 1)
+
     def shed(self, n: int) -> None:
         """Finalize step ``n`` without building its observation (load shedding): only the
         cheap bookkeeping that later steps rely on still happens — async-mode votes, and
         the loop period from consecutive summaries for the recent periods that the
         queue-wait estimate of request observations (α0) needs."""
-        self.finalized.add(n)
-        self._vote_async(n)
-        self._vote_async(n + 1)
+        self._close_step(n)
         s, nxt = self.summaries[n], self.summaries.get(n + 1)
         if nxt is not None and s.scheduled_tokens and nxt.scheduled_tokens:
             gap = nxt.start_mono_ns - s.start_mono_ns
@@ -438,9 +445,7 @@ class EngineState:
     def finalize(self, n: int, kv: tuple[KVTransferObservation, ...] = ()) -> StepResult:
         """Turn the summary of step ``n`` into a StepObservation (or say why not)."""
         s = self.summaries[n]
-        self.finalized.add(n)
-        self._vote_async(n)
-        self._vote_async(n + 1)
+        self._close_step(n)
         if self.ambiguous:
             return StepResult(None, "rejected", "ambiguous_source")
         if n <= self.cfg.warmup_steps:
@@ -471,10 +476,7 @@ class EngineState:
         if mid_ns > self.cfg.max_period_ms * 1e6:
             return StepResult(None, "rejected", "idle_gap")
         recent = self.recent_periods
-        if (
-            len(recent) >= 16
-            and mid_ns > self.cfg.outlier_factor * sorted(recent)[len(recent) // 2]
-        ):
+        if len(recent) >= 16 and mid_ns > self.cfg.outlier_factor * self._typical_period():
             # far above its neighbours: an idle gap or a stall the anchors cannot tell apart
             return StepResult(None, "rejected", "outlier_gap")
         if half_ns > self.cfg.max_uncertainty_fraction * mid_ns:

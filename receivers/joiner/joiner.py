@@ -446,9 +446,6 @@ class Joiner:
         heapq.heappush(self._req_heap, (entry.deadline_wall, key, clock))
         return entry
 
-    def _waiting(self, entry: RequestEntry) -> bool:
-        return any(not c.emitted for c in entry.cores.values())
-
     def _expected_cores(self, entry: RequestEntry) -> int:
         n = entry.api.n if entry.api is not None else None
         return n if n is not None and n > 1 else 1
@@ -543,7 +540,7 @@ class Joiner:
             # Shed before the join work: pinning and composing a step costs several times
             # what learning it does, so shedding only at the learner saved too little.
             eng.shed(n)
-            self._n_shed += 1  # counted in bulk (flush_shed): per-step tallies cost 6 %
+            self._n_shed += 1  # tallied in bulk (_count_shed): per-step tallies cost 6 %
             return
         res = eng.finalize(n, self._kv_for_step(eng, n) if self._kv_steps else ())
         if res.observation is not None:
