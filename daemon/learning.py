@@ -313,7 +313,6 @@ class LearningConsumer:
         )
         self.records = 0
         self.shed = 0  # steps neither joined nor learned (load shedding)
-        self._shed_now = 0
         self.observations = 0
         self.published = 0
 
@@ -456,10 +455,11 @@ class LearningConsumer:
         """Set the shedder's share from the backlog; the joiner skips the steps it drops."""
         if self.shedder is None or self.backlog is None:
             return
-        ratio = self.shedder.update(self.backlog())
+        backlog = self.backlog()
+        ratio = self.shedder.update(backlog)
         self.metrics.keep_ratio.set(ratio)
         shedding = ratio < 1.0
-        self.joiner.step_filter = self._keep_step if shedding else None
+        self.joiner.step_filter = self.shedder.keep if shedding else None
         if shedding != self._shedding:
             self._shedding = shedding
             log.warning(
@@ -467,21 +467,16 @@ class LearningConsumer:
                 if shedding
                 else "learning caught up: learning every step observation",
                 keep_ratio=round(ratio, 3),
-                backlog=round(self.backlog(), 3),
+                backlog=round(backlog, 3),
                 shed_total=self.shed,
             )
 
-    def _keep_step(self, step: int) -> bool:
-        if self.shedder.keep(step):  # type: ignore[union-attr]
-            return True
-        self._shed_now += 1
-        return False
-
     def _shed_count(self) -> None:
-        if self._shed_now:
-            self.shed += self._shed_now
-            self.metrics.shed.inc(self._shed_now)
-            self._shed_now = 0
+        """Export the steps the joiner shed (its own tally of outcome ``shed``)."""
+        total = self.joiner.metrics.outcomes[("step", "shed")]
+        if total > self.shed:
+            self.metrics.shed.inc(total - self.shed)
+            self.shed = total
 
     def _pending_for(self, cid: str, now: float) -> _Pending:
         p = self._pending.get(cid)
