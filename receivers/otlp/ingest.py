@@ -113,58 +113,47 @@ class Ingestor:
             self._ignored.inc(res.ignored)
         if res.dropped_upstream:
             self._dropped.inc(res.dropped_upstream)
-            ok, suppressed = self.limiter.allow("dropped_upstream")
-            if ok:
-                log.warning(
-                    "exporter dropped span events (raise OTEL_SPAN_EVENT_COUNT_LIMIT)",
-                    receiver=self.receiver,
-                    dropped=res.dropped_upstream,
-                    peer=peer,
-                    suppressed=suppressed,
-                )
+            self._warn(
+                "dropped_upstream",
+                "exporter dropped span events (raise OTEL_SPAN_EVENT_COUNT_LIMIT)",
+                peer,
+                dropped=res.dropped_upstream,
+            )
         if res.rejected:
             for reason, n in res.reasons.items():
                 self.metrics.events_rejected.labels(self.receiver, reason).inc(n)
             self._requests[Outcome.PARTIAL].inc()
-            ok, suppressed = self.limiter.allow("rejected")
-            if ok:
-                log.warning(
-                    "rejected malformed spans/events",
-                    receiver=self.receiver,
-                    rejected=res.rejected,
-                    accepted=len(res.records),
-                    reasons=dict(res.reasons),
-                    peer=peer,
-                    suppressed=suppressed,
-                )
+            self._warn(
+                "rejected",
+                "rejected malformed spans/events",
+                peer,
+                rejected=res.rejected,
+                accepted=len(res.records),
+                reasons=dict(res.reasons),
+            )
             return Ingested(Outcome.PARTIAL, res)
         self._requests[Outcome.OK].inc()
         return Ingested(Outcome.OK, res)
 
     def _retry(self, res: DecodeResult, peer: str) -> Ingested:
         self._requests[Outcome.RETRY].inc()
-        ok, suppressed = self.limiter.allow("retry")
-        if ok:
-            log.warning(
-                "pipeline full; client told to retry",
-                receiver=self.receiver,
-                records=len(res.records) or None,  # None: refused before decoding
-                peer=peer,
-                suppressed=suppressed,
-            )
+        self._warn(
+            "retry",
+            "pipeline full; client told to retry",
+            peer,
+            records=len(res.records) or None,  # None: refused before decoding
+        )
         return Ingested(Outcome.RETRY, res)
 
     def invalid(self, reason: str, peer: str = "", size: int = 0) -> None:
         """Account for an undecodable request body (counted, logged once)."""
         self._requests[Outcome.INVALID].inc()
         self.metrics.events_rejected.labels(self.receiver, "undecodable").inc()
-        ok, suppressed = self.limiter.allow("invalid")
+        self._warn("invalid", "undecodable export request", peer, reason=reason, bytes=size)
+
+    def _warn(self, key: str, message: str, peer: str, **fields: Any) -> None:
+        """Log ``message`` at most once per rate-limit period per ``key``, with context
+        and the number of lines suppressed since the last one."""
+        ok, suppressed = self.limiter.allow(key)
         if ok:
-            log.warning(
-                "undecodable export request",
-                receiver=self.receiver,
-                reason=reason,
-                bytes=size,
-                peer=peer,
-                suppressed=suppressed,
-            )
+            log.warning(message, receiver=self.receiver, **fields, peer=peer, suppressed=suppressed)
