@@ -95,6 +95,16 @@ def test_config_from_env_var_and_cli_flags(tmp_path: Path) -> None:
             "invalid setting pipeline.queue_capasity: unknown key",
         ),
         ("toml", "[pipeline\n", "invalid setting config="),
+        (
+            "env",
+            {"COEFFD_PIPELINE__SHED_MIN_KEEP": "0"},
+            "invalid setting pipeline.shed_min_keep='0': Input should be greater than 0",
+        ),
+        (
+            "toml",
+            "[pipeline]\nshed_start = 0.6\nshed_full = 0.5\n",
+            "invalid setting pipeline=",
+        ),
     ],
 )
 def test_invalid_values_one_line(tmp_path: Path, layer: str, value: object, message: str) -> None:
@@ -105,6 +115,8 @@ def test_invalid_values_one_line(tmp_path: Path, layer: str, value: object, mess
             load_settings(_toml(tmp_path, value), None, {})  # type: ignore[arg-type]
     assert str(ei.value).startswith(message)
     assert "\n" not in str(ei.value)
+    if "shed_start" in str(value):  # a cross-key rule: both keys and a fix are named
+        assert "pipeline.shed_full (0.5) must be above pipeline.shed_start (0.6)" in str(ei.value)
 
 
 @pytest.mark.parametrize(
