@@ -41,6 +41,7 @@ from learners.features.config import ENGINE_ATTRIBUTE, ServingConfig, ServingCon
 from learners.registry import ALPHA_TARGETS, ConfigSnapshot, LearnerRegistry, Scored
 from receivers.joiner import Joiner
 from receivers.observations import KVTransferObservation, Observation, StepObservation
+from receivers.otlp.decode import Decoder
 from receivers.records import BatchSummary, Record, Source
 
 __all__ = ["ConfigResolver", "LearningConsumer", "ServeMetrics", "to_snapshot"]
@@ -282,6 +283,9 @@ class LearningConsumer:
         # Load shedding: ``backlog`` (queue fill 0..1) is wired by the app to its pipeline.
         self.shedder = shedder
         self.backlog: Callable[[], float] | None = None
+        #: Decoders of the app's receivers, wired like ``backlog``: they decode the steps
+        #: being shed partially (half the decode cost of the commonest record).
+        self.decoders: list[Decoder] = []
         self._shedding = False
         self._pending: dict[str, _Pending] = {}
         self._configs: dict[str, ServingConfig] = {}
@@ -459,7 +463,10 @@ class LearningConsumer:
         ratio = self.shedder.update(backlog)
         self.metrics.keep_ratio.set(ratio)
         shedding = ratio < 1.0
-        self.joiner.step_filter = self.shedder.keep if shedding else None
+        keep = self.shedder.keep if shedding else None
+        self.joiner.step_filter = keep
+        for d in self.decoders:
+            d.step_filter = keep
         if shedding != self._shedding:
             self._shedding = shedding
             log.warning(

@@ -109,6 +109,7 @@ def build_app(
     app = App(settings, consumer=consumer, registry=registry)
     pipeline = app.pipeline
     consumer.backlog = lambda: pipeline.depth / pipeline.capacity
+    consumer.decoders.append(app.decoder)
     api.mount(app.router, store)
     return app
 

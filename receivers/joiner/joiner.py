@@ -93,7 +93,8 @@ class Joiner:
         self._cur: tuple[SpanKey, RequestEntry, CoreState | None, EngineState | None] | None = None
         self._pending_cov: list[tuple[EngineState, int, int]] = []
         #: Load shedding (set by the consumer while it sheds): steps for which this is
-        #: False are finalized without an observation, counted as outcome ``shed``.
+        #: False are finalized without an observation, counted as outcome ``shed``;
+        #: so are summaries the decoder already read partially (``BatchSummary.partial``).
         self.step_filter: Callable[[int], bool] | None = None
         self._n_shed = 0
         self._kv_open: dict[kvmod.TransferKey, KVTransfer] = {}
@@ -533,10 +534,11 @@ class Joiner:
     # ================================================================= steps / kv
 
     def _finalize_step(self, eng: EngineState, n: int) -> None:
-        if n not in eng.summaries or n in eng.finalized:
+        s = eng.summaries.get(n)
+        if s is None or n in eng.finalized:
             return
         keep = self.step_filter
-        if keep is not None and not keep(n):
+        if s.partial or (keep is not None and not keep(n)):
             # Shed before the join work: pinning and composing a step costs several times
             # what learning it does, so shedding only at the learner saved too little.
             eng.shed(n)
@@ -662,7 +664,9 @@ class Joiner:
         self._expire_kv(self._kv_open, "expired", "no_completion")
         self._purge_kv_steps()
         self._expire_kv(self._kv_early, "unmatched", "no_initiation")
-        if now is not None or self._max_wall - self._last_gauges >= _GAUGE_NS:
+        # data time, not ticks: counting a window of hundreds of engines on every tick
+        # cost 2 % of a loaded daemon
+        if self._max_wall - self._last_gauges >= _GAUGE_NS or not self._last_gauges:
             self._last_gauges = self._max_wall
             self._update_gauges()
         self.metrics.sync()

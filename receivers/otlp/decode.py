@@ -261,8 +261,10 @@ def _compile_parser(
     ctor: str,
     post: tuple[str, ...] = (),
     env: Mapping[str, Any] | None = None,
+    params: str = "obj, info, wall=0",
 ) -> Callable[..., Record]:
-    """Generate ``name(obj, info, wall=0) -> Record`` for one span or event kind.
+    """Generate ``name(obj, info, wall=0) -> Record`` for one span or event kind
+    (``params`` adds parameters that ``ctor`` may use).
 
     The function reads ``fields`` from ``obj.attributes`` (a protobuf map, see
     ``fastproto``) into ``x0, x1, …``, runs the ``post`` check lines, and returns
@@ -278,7 +280,7 @@ def _compile_parser(
     first because ``attrs[key]`` on a message map inserts an empty value for an absent
     key (harmless, but slower than the test).
     """
-    lines = [f"def {name}(obj, info, wall=0):", "    at = obj.attributes"]
+    lines = [f"def {name}({params}):", "    at = obj.attributes"]
     for i, (key, t, req) in enumerate(fields):
         k, x = repr(key), f"x{i}"
         ind = "    "
@@ -442,6 +444,43 @@ _batch_summary = _compile_parser(
     post=("if x13 < 0.0 or x13 > 1.0:", "    raise _Reject('range:kv.usage_gpu_ratio')"),
     env={"BatchSummary": BatchSummary},
 )
+#: A summary of a step the daemon sheds (:attr:`Decoder.step_filter`): only what the
+#: joiner's bookkeeping reads, 7 of the 16 attributes (see ``BatchSummary.partial``).
+_batch_summary_partial = _compile_parser(
+    "batch_summary_partial",
+    (
+        ("step.ts_start_ns", _NS, _R),
+        ("step.ts_end_ns", _NS, _R),
+        ("queue.running_depth", _INT, _R),
+        ("queue.waiting_depth", _INT, _R),
+        ("batch.scheduled_tokens", _INT, _R),
+        ("kv.usage_gpu_ratio", _FLOAT, _R),
+    ),
+    "BatchSummary(info, wall, step, x0, x1, 0, x2, x3, 0, 0, x4, 0, 0, 0, 0, x5, 0, 0, True)",
+    post=("if x5 < 0.0 or x5 > 1.0:", "    raise _Reject('range:kv.usage_gpu_ratio')"),
+    env={"BatchSummary": BatchSummary},
+    params="obj, info, wall, step",
+)
+
+
+def _shedding_summary_parser(keep: Callable[[int], bool]) -> _EventParser:
+    """A ``step.BATCH_SUMMARY`` parser that decodes the steps ``keep`` rejects partially.
+
+    Under load the daemon learns one step in up to 32, and a full summary is the
+    costliest record to decode; the shed ones only feed the joiner's bookkeeping. An
+    odd ``step.id`` (missing, mistyped, out of range) takes the full parser, which
+    rejects it with the usual reason.
+    """
+
+    def parse(ev: Any, info: SpanInfo, wall: int) -> Record:
+        n = ev.attributes["step.id"].int_value
+        if 0 < n <= MAX_COUNT and not keep(n):
+            return _batch_summary_partial(ev, info, wall, n)
+        return _batch_summary(ev, info, wall)
+
+    return parse
+
+
 _request_snapshot = _compile_parser(
     "request_snapshot",
     (
@@ -491,6 +530,27 @@ class Decoder:
     def __init__(self, max_sources: int = 4096) -> None:
         self._sources: dict[bytes, Source] = {}
         self._max_sources = max_sources
+        self._step_filter: Callable[[int], bool] | None = None
+        self._scopes = _SCOPES
+
+    @property
+    def step_filter(self) -> Callable[[int], bool] | None:
+        """Load shedding: step ids for which this is False are decoded partially (see
+        ``BatchSummary.partial``), since the joiner will not build their observations.
+        Set by the learning consumer while it sheds; ``None`` decodes everything."""
+        return self._step_filter
+
+    @step_filter.setter
+    def step_filter(self, keep: Callable[[int], bool] | None) -> None:
+        if keep is self._step_filter:
+            return
+        scopes = _SCOPES
+        if keep is not None:
+            accepts, span_parser, events = _SCOPES[SCOPE_STEP]
+            events = {**events, "step.BATCH_SUMMARY": _shedding_summary_parser(keep)}
+            scopes = {**_SCOPES, SCOPE_STEP: (accepts, span_parser, events)}
+        # decode reads only _scopes, replaced whole: a decode on another thread sees one table
+        self._scopes, self._step_filter = scopes, keep
 
     def source(self, resource: Resource) -> Source:
         """Return the cached Source of ``resource``."""
@@ -516,11 +576,12 @@ class Decoder:
             req = to_fast(req)
         res = DecodeResult()
         out = res.records
+        scopes = self._scopes
         for rs in req.resource_spans:
             source = self.source(rs.resource)
             for ss in rs.scope_spans:
                 scope = ss.scope.name
-                handler = _SCOPES.get(scope)
+                handler = scopes.get(scope)
                 if handler is None:
                     for span in ss.spans:
                         res.ignored += 1 + len(span.events)

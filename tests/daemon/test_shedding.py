@@ -17,6 +17,7 @@ from daemon.commands.serve import build_app, build_consumer
 from daemon.learning import LearningConsumer
 from daemon.settings import load_settings
 from receivers.otlp.decode import Decoder
+from receivers.records import BatchSummary
 from simfleet import SampleRates, run
 
 
@@ -33,6 +34,19 @@ def batches() -> list[list[Any]]:
         max_events=100_000,
         drain_s=5,
     )
+    return out
+
+
+@pytest.fixture(scope="module")
+def raw_requests() -> list[Any]:
+    out: list[Any] = []
+
+    def keep(req: Any) -> None:
+        copy = type(req)()
+        copy.CopyFrom(req)
+        out.append(copy)
+
+    run("steady", 30, 4, rates=SampleRates(1.0, 1.0, 0.02, 100), trace_sinks=[keep], drain_s=5)
     return out
 
 
@@ -137,3 +151,58 @@ def test_long_ticks_lower_the_share(batches: list[list[Any]], tmp_path: Path) ->
         consumer.tick(0.0)
     assert shedder.update(0.0) == 1.0
     consumer.close()
+
+
+def test_partial_decoding_of_shed_steps_changes_no_learning(
+    raw_requests: list[Any], tmp_path: Path
+) -> None:
+    """The consumer's decoders read the steps it sheds partially; what is learned is
+    exactly what full decoding gives at the same share, and nothing partial is learned."""
+    results = []
+    for wired in (False, True):
+        settings = load_settings(
+            overrides={
+                "publish": {"snapshot_dir": str(tmp_path / str(wired))},
+                "state": {"state_dir": ""},
+            },
+            environ={},
+        )
+        consumer, _ = build_consumer(settings, CollectorRegistry(), live=False)
+        consumer.backlog = lambda: 1.0  # the 1/32 floor all along
+        dec = Decoder()
+        if wired:
+            consumer.decoders.append(dec)
+        partial = summaries = 0
+        for req in raw_requests:
+            records = dec.decode(req).records
+            for r in records:
+                if isinstance(r, BatchSummary):
+                    summaries += 1
+                    partial += r.partial
+            consumer.consume(records)
+        consumer.close()  # flushes the joiner's window into the learners
+        snaps = {cid: consumer.registry.snapshot(cid) for cid in consumer.registry.ids()}
+        results.append((partial, summaries, consumer.shed, snaps))
+    (p0, n0, shed0, full), (p1, n1, shed1, part) = results
+    assert p0 == 0 and n0 == n1 > 1000
+    # all but the first request's summaries are read under the 1/32 share
+    assert p1 / n1 == pytest.approx(31 / 32, abs=4 * math.sqrt(31 / 32**2 / n1) + 0.02)
+    assert shed1 == shed0 > 0
+    assert full.keys() == part.keys() and full
+    for cid, snap in full.items():
+        assert part[cid].observations == snap.observations > 0
+        assert part[cid].beta == snap.beta and part[cid].alpha == snap.alpha
+
+
+def test_partial_summaries_are_never_learned(raw_requests: list[Any], tmp_path: Path) -> None:
+    """A summary decoded partially while shedding stays shed even if the share is back
+    to 1 when its step is finalized."""
+    dec = Decoder()
+    dec.step_filter = lambda n: n % 4 == 0
+    batches = [dec.decode(r).records for r in raw_requests]
+    partial = sum(1 for b in batches for r in b if isinstance(r, BatchSummary) and r.partial)
+    consumer, got = _learn(batches, tmp_path, 0.0)  # no backlog: the consumer sheds nothing
+    assert got["coeffd_learning_keep_ratio"] == 1.0
+    assert consumer.shed == partial > 0
+    _, full = _learn([Decoder().decode(r).records for r in raw_requests], tmp_path / "f", 0.0)
+    assert 0 < got["step_period"] <= full["step_period"] / 4 + 1

@@ -151,3 +151,62 @@ def test_bad_ids_or_times_reject_the_span(field: str, value: str) -> None:
         "ids" if field != "startTimeUnixNano" else "range:span_time",
         "parent_rejected",
     }
+
+
+# ------------------------------------------------------- partial decode under shedding
+_PARTIAL_FIELDS = (
+    "step", "start_mono_ns", "end_mono_ns", "running_depth", "waiting_depth",
+    "scheduled_tokens", "kv_usage_gpu_ratio",
+)  # fmt: skip
+
+
+def _summaries(dec: Decoder, *steps: dict[str, Any]) -> list[Any]:
+    res = dec.decode(request(("vllm.scheduler.step", [step_span(*steps)])))
+    return [r for r in res.records if isinstance(r, BatchSummary)]
+
+
+def test_shed_steps_decode_partially_and_kept_steps_fully() -> None:
+    """A decoder with a step filter reads only the joiner's bookkeeping fields of the
+    steps it rejects, and the others exactly as without a filter."""
+    steps = [summary_attrs(n, batch__num_finished=n % 3) for n in (1042, 1043, 1044, 1045)]
+    full = _summaries(Decoder(), *steps)
+    dec = Decoder()
+    dec.step_filter = lambda n: n % 2 == 0
+    got = _summaries(dec, *steps)
+    assert [s.step for s in got] == [1042, 1043, 1044, 1045]
+    for f, g in zip(full, got, strict=True):
+        assert not f.partial
+        if g.step % 2 == 0:
+            assert g == f
+            continue
+        assert g.partial
+        for name in _PARTIAL_FIELDS:
+            assert getattr(g, name) == getattr(f, name), name
+        assert g.prefill_tokens == g.num_finished == g.kv_blocks_total_gpu == 0
+        assert f.prefill_tokens > 0 and f.kv_blocks_total_gpu > 0
+    dec.step_filter = None  # shedding over: full decodes again
+    assert _summaries(dec, *steps) == full
+
+
+@pytest.mark.parametrize(
+    ("override", "reason"),
+    [
+        ({"step__id": None}, "missing:step.id"),
+        ({"step__id": -5}, "range:step.id"),
+        ({"step__id": "1043"}, "type:step.id"),
+        ({"kv__usage_gpu_ratio": 7.5}, "range:kv.usage_gpu_ratio"),
+        ({"step__ts_end_ns": None}, "missing:step.ts_end_ns"),
+    ],
+)
+def test_partial_decode_rejects_like_the_full_one(override: dict[str, Any], reason: str) -> None:
+    """Bad values in the fields a shed step still needs are rejected with the same reason."""
+    dec = Decoder()
+    dec.step_filter = lambda n: False  # shed everything
+    res = dec.decode(
+        request(
+            ("vllm.scheduler.step", [step_span(summary_attrs(**override), summary_attrs(1043))])
+        )
+    )
+    assert res.reasons == {reason: 1}
+    assert [getattr(r, "step", None) for r in res.records] == [None, 1043]
+    assert res.records[1].partial  # type: ignore[union-attr]
