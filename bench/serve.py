@@ -433,7 +433,7 @@ def main(argv: list[str]) -> int:
     )
     args = p.parse_args(argv)
     levels = [10e3, 20e3, 40e3, 60e3, 80e3, 100e3, 120e3, 135e3, 150e3, 175e3, 200e3, 250e3, 300e3]
-    coarse = [20e3, 40e3, 60e3, 80e3, 100e3, 120e3, 150e3, 200e3]
+    coarse = [20e3, 40e3, 60e3, 70e3, 80e3, 90e3, 100e3, 120e3, 150e3, 200e3]
     if args.quick:
         levels = coarse = [10e3, 40e3, 80e3, 150e3]
     _pin(0)
