@@ -17,6 +17,7 @@ import collections
 import math
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +41,12 @@ from daemon.writer import Writer
 from learners.features.config import ENGINE_ATTRIBUTE, ServingConfig, ServingConfigError
 from learners.registry import ALPHA_TARGETS, ConfigSnapshot, LearnerRegistry, Scored
 from receivers.joiner import Joiner
-from receivers.observations import KVTransferObservation, Observation, StepObservation
+from receivers.observations import (
+    KVTransferObservation,
+    Observation,
+    RequestObservation,
+    StepObservation,
+)
 from receivers.otlp.decode import Decoder
 from receivers.records import BatchSummary, Record, Source
 
@@ -125,13 +131,15 @@ class ServeMetrics:
         )
         self.shed = Counter(
             "coeffd_observations_shed_total",
-            "Steps neither joined nor learned because learning fell behind "
-            "(pipeline.shed_learning).",
+            "Observations not learned because learning fell behind, by kind: steps are "
+            "shed before joining, requests before learning (pipeline.shed_learning).",
+            ["kind"],
             registry=registry,
         )
         self.keep_ratio = Gauge(
             "coeffd_learning_keep_ratio",
-            "Share of step observations being learned (1 = all; below 1 = shedding load).",
+            "Share of step and request observations being learned (1 = all; below 1 = "
+            "shedding load).",
             registry=registry,
         )
         self.keep_ratio.set(1.0)
@@ -282,6 +290,8 @@ class LearningConsumer:
         self._clock = clock
         # Load shedding: ``backlog`` (queue fill 0..1) is wired by the app to its pipeline.
         self.shedder = shedder
+        # one bound method, so the decoders see the same filter and skip rebuilding
+        self._keep = shedder.keep if shedder is not None else None
         self.backlog: Callable[[], float] | None = None
         #: Decoders of the app's receivers, wired like ``backlog``: they decode the steps
         #: being shed partially (half the decode cost of the commonest record).
@@ -317,6 +327,8 @@ class LearningConsumer:
         )
         self.records = 0
         self.shed = 0  # steps neither joined nor learned (load shedding)
+        self.shed_requests = 0  # request observations built but not learned
+        self._shed_requests_exported = 0
         self.observations = 0
         self.published = 0
 
@@ -415,6 +427,7 @@ class LearningConsumer:
         # Step observations come in bursts (a joiner sweep): each configuration's are
         # learned in one vectorised call, the same computation as one by one.
         steps: dict[str, tuple[ServingConfig, list[StepObservation]]] = {}
+        keep = self._keep if self._shedding else None
         for obs in observations:
             cfg = self.resolver.resolve(obs.source)
             if cfg is None:
@@ -430,6 +443,15 @@ class LearningConsumer:
             self._configs.setdefault(cid, cfg)
             if isinstance(obs, StepObservation):
                 steps.setdefault(cid, (cfg, []))[1].append(obs)
+                continue
+            # crc32: a hash stable across processes (str hashes are salted), so a replay
+            # at the same share learns the same requests
+            if (
+                keep is not None
+                and isinstance(obs, RequestObservation)
+                and not keep(zlib.crc32(obs.request_id.encode()))
+            ):
+                self.shed_requests += 1
                 continue
             scored = self.registry.learn(cfg, obs)
             if scored:
@@ -456,34 +478,41 @@ class LearningConsumer:
             self._retry_kv(now)
 
     def _shed_check(self) -> None:
-        """Set the shedder's share from the backlog; the joiner skips the steps it drops."""
+        """Set the shedder's share from the backlog; the decoders, the joiner and
+        :meth:`_learn` skip the steps and requests it drops."""
         if self.shedder is None or self.backlog is None:
             return
         backlog = self.backlog()
         ratio = self.shedder.update(backlog)
         self.metrics.keep_ratio.set(ratio)
         shedding = ratio < 1.0
-        keep = self.shedder.keep if shedding else None
+        keep = self._keep if shedding else None
         self.joiner.step_filter = keep
         for d in self.decoders:
             d.step_filter = keep
         if shedding != self._shedding:
             self._shedding = shedding
             log.warning(
-                "learning behind: shedding step observations"
+                "learning behind: shedding step and request observations"
                 if shedding
-                else "learning caught up: learning every step observation",
+                else "learning caught up: learning every observation",
                 keep_ratio=round(ratio, 3),
                 backlog=round(backlog, 3),
                 shed_total=self.shed,
             )
 
     def _shed_count(self) -> None:
-        """Export the steps the joiner shed (its own tally of outcome ``shed``)."""
+        """Export the steps the joiner shed (its own tally of outcome ``shed``) and the
+        requests this consumer shed."""
         total = self.joiner.metrics.outcomes[("step", "shed")]
         if total > self.shed:
-            self.metrics.shed.inc(total - self.shed)
+            self.metrics.shed.labels("step").inc(total - self.shed)
             self.shed = total
+        if self.shed_requests > self._shed_requests_exported:
+            self.metrics.shed.labels("request").inc(
+                self.shed_requests - self._shed_requests_exported
+            )
+            self._shed_requests_exported = self.shed_requests
 
     def _pending_for(self, cid: str, now: float) -> _Pending:
         p = self._pending.get(cid)

@@ -159,10 +159,11 @@ class PipelineSettings(_Section):
     #: ``learning``: joiner → learners → snapshots (the daemon). ``counting``: receivers
     #: and queue only, records counted and dropped (ingest benchmarks, debugging).
     consumer: Literal["learning", "counting"] = "learning"
-    #: When learning falls behind, learn an evenly spread share of the step observations
-    #: rather than make the receivers push back (which makes vLLM drop spans). The share
-    #: is 1 below ``shed_start`` queue fill, ``shed_min_keep`` at ``shed_full``, linear
-    #: in between; request and KV observations are always learned. false = push back.
+    #: When learning falls behind, learn an evenly spread share of the step and request
+    #: observations rather than make the receivers push back (which makes vLLM drop
+    #: spans). The share is 1 below ``shed_start`` queue fill, ``shed_min_keep`` at
+    #: ``shed_full``, linear in between; KV observations are always learned.
+    #: false = push back.
     shed_learning: bool = True
     shed_start: float = Field(default=0.1, ge=0.0, lt=1.0)
     shed_full: float = Field(default=0.5, gt=0.0, le=1.0)

@@ -66,20 +66,23 @@ def _learn(batches: list[list[Any]], tmp: Path, backlog: float) -> tuple[Learnin
         for s in fam.samples:
             if s.name == "coeffd_learner_observations_total":
                 learned[s.labels["target"]] = learned.get(s.labels["target"], 0) + s.value
-            if s.name in ("coeffd_observations_shed_total", "coeffd_learning_keep_ratio"):
+            if s.name == "coeffd_observations_shed_total":
+                learned["shed:" + s.labels["kind"]] = s.value
+            if s.name == "coeffd_learning_keep_ratio":
                 learned[s.name] = s.value
     return consumer, learned
 
 
 def test_no_backlog_learns_everything(batches: list[list[Any]], tmp_path: Path) -> None:
     consumer, got = _learn(batches, tmp_path, 0.0)
-    assert consumer.shed == 0 and got["coeffd_observations_shed_total"] == 0
+    assert consumer.shed == consumer.shed_requests == 0
+    assert got.get("shed:step", 0) == got.get("shed:request", 0) == 0
     assert got["coeffd_learning_keep_ratio"] == 1.0
     assert got["step_period"] > 1000
 
 
 @pytest.mark.parametrize("backlog", [0.3, 1.0])
-def test_backlog_learns_an_even_share_of_steps_and_every_request(
+def test_backlog_learns_an_even_share_of_steps_and_requests(
     batches: list[list[Any]], tmp_path: Path, backlog: float
 ) -> None:
     _, full = _learn(batches, tmp_path / "full", 0.0)
@@ -90,28 +93,42 @@ def test_backlog_learns_an_even_share_of_steps_and_every_request(
     total = full["step_period"]
     # every step not learned is accounted for: shed (before joining) counts at least the
     # observations missing (it also counts steps the joiner would have rejected anyway)
-    assert got["coeffd_observations_shed_total"] >= total - got["step_period"] > 0
+    assert got["shed:step"] == consumer.shed >= total - got["step_period"] > 0
+
     # the share kept: within 4 binomial standard deviations of the target ratio
-    tol = 4 * math.sqrt(keep * (1 - keep) / total) + 1 / total
-    assert abs(got["step_period"] / total - keep) < tol
-    # request observations (one per request) are never shed
+    def tol(n: float) -> float:
+        return 4 * math.sqrt(keep * (1 - keep) / n) + 1 / n
+
+    assert abs(got["step_period"] / total - keep) < tol(total)
+    # request observations (one per request, every one built) are learned at that share
+    # too, each counted when shed
+    assert got["shed:request"] == consumer.shed_requests
     for target in ("finished_to_departed", "output_token"):
-        assert got[target] == full[target] > 0
+        n = full[target]
+        assert abs(got[target] / n - keep) < tol(n)
+        assert consumer.shed_requests >= n - got[target] > 0
     # α0 is learned once the engine's loop period is known; shed steps still feed that
     # estimate (their consecutive-summary period), so only its start-up may differ a bit
-    assert full["arrival_to_queued"] >= got["arrival_to_queued"] >= 0.95 * full["arrival_to_queued"]
+    n = full["arrival_to_queued"]
+    assert abs(got["arrival_to_queued"] / n - keep) < tol(n) + 0.05 * keep
 
 
 def test_shed_learning_still_publishes_valid_coefficients(
     batches: list[list[Any]], tmp_path: Path
 ) -> None:
-    """Learning from 1/32 of the steps still yields finite, non-negative vectors."""
+    """Learning from 1/32 of the steps and requests still yields finite, non-negative
+    vectors, α included."""
     consumer, _ = _learn(batches, tmp_path, 1.0)
     snaps = list((tmp_path / "s").rglob("latest.json"))
     assert snaps, "nothing published while shedding"
     for cid in consumer.registry.ids():
-        beta = np.asarray(consumer.registry.snapshot(cid).beta)
+        snap = consumer.registry.snapshot(cid)
+        beta, alpha = np.asarray(snap.beta), np.asarray(snap.alpha)
         assert beta.shape == (11,) and np.all(np.isfinite(beta)) and np.all(beta >= 0)
+        assert alpha.shape == (3,) and np.all(np.isfinite(alpha)) and np.all(alpha >= 0)
+        # α is learned from the requests kept, not left at its prior
+        assert {"finished_to_departed", "output_token"} <= set(snap.vectors)
+        assert snap.vectors["finished_to_departed"].observations > 0
 
 
 def test_replay_never_sheds(tmp_path: Path) -> None:
