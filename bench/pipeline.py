@@ -14,9 +14,14 @@ Variants, each including the previous one's work:
 * **decode** (the baseline): ``Decoder.decode_bytes`` of every request, shedding at the
   consumer's 1/32 floor (shed steps' summaries are decoded partially);
 * **join**: + the joiner (``push_many`` and ticks) at that floor;
-* **learn (shed)**: the learning consumer at that floor: + learning, scoring, publishing
-  snapshots (written by its writer thread, whose CPU counts too);
-* **learn (all)**: the learning consumer learning every step (no shedding, full decode).
+* **learn (shed)**: the learning consumer at that floor: + learning 1/32 of the steps and
+  requests, scoring, publishing snapshots (written by its writer thread, whose CPU counts
+  too) — what a saturated daemon does per event;
+* **learn (all)**: the learning consumer learning every step and request (no shedding,
+  full decode).
+
+Publishing and ticking cost per second of data, not per event, so they weigh more at
+fewer copies.
 
 The ceiling printed is ``1 / cost``: events/s one core could process at 100 % with no
 receiving cost; ``bench serve`` measures what the receivers add.

@@ -8,7 +8,8 @@ reproduces the summary's totals exactly), the summary's totals alone.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+
+import msgspec
 
 from receivers.observations import BatchRequest, StepAggregates
 from receivers.records import BatchSummary, RequestSnapshot
@@ -110,8 +111,7 @@ def matches_aggregates(reqs: Sequence[BatchRequest], summary: BatchSummary) -> b
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Life:
+class Life(msgspec.Struct, frozen=True, gc=False):
     """The steps of one finished, journey-traced request (from its ``llm_core`` events).
 
     ``first`` is the admission step (SCHEDULED FIRST), ``first_token`` the step whose

@@ -4,6 +4,7 @@ periods."""
 
 from __future__ import annotations
 
+import gc
 import random
 from collections.abc import Iterator
 from dataclasses import replace
@@ -151,6 +152,23 @@ def test_endless_stream_memory_stays_within_window() -> None:
     assert max(peaks[half:]) <= 1.5 * max(peaks[:half]) + 50
     # and the request window holds at most ~rate × (window + export delay) entries
     assert j.entries().get("request", 0) <= 40 * (2.0 + 5.0) * 2
+
+
+def test_window_step_state_is_not_tracked_by_the_cyclic_gc() -> None:
+    """A loaded daemon holds hundreds of thousands of per-step anchors and request lives;
+    as GC-tracked objects they made every full collection a ~0.3 s pause. They hold no
+    references, so they must stay out of the collector's sight."""
+    cfg_s = SynthConfig(duration_s=10, rate_per_s=40, step_rate=0.3, rich_rate=0.05)
+    j = Joiner(JoinerConfig(window_s=30.0))
+    batches, _ = generate(cfg_s)
+    for _, recs in batches:
+        j.push_many(recs)
+    gc.collect()  # tuples of ints leave tracking at their first collection
+    engines = list(j._engines.values())
+    anchors = [t for e in engines for d in e.anchors for t in d.values()]
+    lives = [life for e in engines for b in e.lives.values() for life in b]
+    assert len(anchors) > 100 and len(lives) > 50
+    assert not any(gc.is_tracked(x) for x in anchors + lives)
 
 
 def test_caps_bound_entries_even_without_watermark_progress() -> None:
