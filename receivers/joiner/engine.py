@@ -126,7 +126,9 @@ class EngineState:
         )
         # (bucket end wall ns, highest step) of first sightings, in 50 ms buckets
         self.timeline: deque[tuple[int, int]] = deque()
-        self._tail_end = 0  # end of the bucket of the last sighting
+        # the newest bucket, kept out of the deque until a sighting falls outside it
+        self._tail_end = 0  # its end (0: none)
+        self._tail_step = 0  # its highest step
         self.horizon = 0  # steps below are gone
         self.coverage: list[list[int]] = []  # merged [start, end] of complete step spans
         self.cal = _Calibration()
@@ -152,17 +154,19 @@ class EngineState:
         # step: the timeline only decides when step-indexed state leaves the window, and
         # letting it stay up to 50 ms longer in a 30 s window costs nothing, while an entry
         # per step was a tenth of the joiner's memory.
-        tl = self.timeline
-        end = self._tail_end
-        if not end - _SIGHTING_BUCKET_NS <= wall_ns < end:  # a new bucket (rarely)
-            end = self._tail_end = (wall_ns // _SIGHTING_BUCKET_NS + 1) * _SIGHTING_BUCKET_NS
-        if tl and tl[-1][0] == end:
-            if step > tl[-1][1]:
-                tl[-1] = (end, step)
-        else:
-            tl.append((end, step))
+        # Every summary comes through here, so the newest bucket lives in two attributes
+        # and reaches the deque only when a sighting falls outside it (rarely).
         if step > self.max_step:
             self.max_step = step
+        end = self._tail_end
+        if end - _SIGHTING_BUCKET_NS <= wall_ns < end:
+            if step > self._tail_step:
+                self._tail_step = step
+            return
+        if end:
+            self.timeline.append((end, self._tail_step))
+        self._tail_end = (wall_ns // _SIGHTING_BUCKET_NS + 1) * _SIGHTING_BUCKET_NS
+        self._tail_step = step
 
     def is_restart(self, s: BatchSummary) -> bool:
         """A summary later in time than the latest one but not later in step ids: the
@@ -601,6 +605,10 @@ class EngineState:
             _, step = tl.popleft()
             if step - 2 > h:
                 h = step - 2
+        if not tl and self._tail_end and self._tail_end < limit:  # the newest bucket too
+            if self._tail_step - 2 > h:
+                h = self._tail_step - 2
+            self._tail_end = 0
         if h > self.horizon:
             self.horizon = h
             # purging walks every step-indexed dict: do it in strides, not on every step

@@ -14,6 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from receivers.joiner import Joiner, JoinerConfig
+from receivers.joiner.engine import EngineState
 from receivers.joiner.synthetic import S_NS, Batch, SynthConfig, generate
 from receivers.observations import (
     KVTransferObservation,
@@ -21,6 +22,7 @@ from receivers.observations import (
     RequestObservation,
     StepObservation,
 )
+from receivers.records import Source
 
 
 def _key(o: Observation) -> tuple:
@@ -269,3 +271,16 @@ def test_two_engines_behind_one_identity_give_no_step_observations() -> None:
     j, _, out = _run(merged, JoinerConfig(window_s=60))
     assert not [o for o in out if isinstance(o, StepObservation)]
     assert j.metrics.reasons[("step", "rejected", "ambiguous_source")] > 0
+
+
+def test_expiry_reaches_the_newest_sightings_of_an_idle_engine() -> None:
+    """The newest timeline bucket (held apart from the others) expires too once the
+    engine falls silent, so its steps leave the window."""
+    eng = EngineState(Source("idle", ()), JoinerConfig(window_s=1.0))
+    w = 10**18
+    for i in range(1, 6):  # five steps within one 50 ms bucket
+        eng._first_sighting(w + i * 1_000_000, 100 + i)
+    eng.expire(w + 500_000_000)  # the bucket is still inside the window
+    assert eng.horizon == 0
+    eng.expire(w + 2_000_000_000)
+    assert eng.horizon == 105 - 2  # below the newest step seen, like every bucket
