@@ -8,7 +8,8 @@ checkpoint that restores garbage. So:
   with msgspec msgpack and framed as ``MAGIC | u64 length | sha256 | payload``;
 * the file is written with ``atomic_write_bytes`` (temp + fsync + rename + dir fsync);
 * before a new checkpoint replaces ``checkpoint.bin``, the current one is verified and
-  kept as ``checkpoint.prev.bin``, so there is always one good older copy;
+  copied (atomically too) to ``checkpoint.prev.bin``, so there is always one good older
+  copy — and ``checkpoint.bin`` itself never goes missing, whenever a crash comes;
 * ``restore`` verifies length and checksum and falls back to the previous copy when the
   latest is truncated or corrupt (disk error, foreign edit).
 
@@ -115,12 +116,14 @@ class CheckpointStore:
         self.latest_path = self.directory / LATEST
         self.previous_path = self.directory / PREVIOUS
 
-    def _valid(self, path: Path) -> bool:
+    def _valid_bytes(self, path: Path) -> bytes | None:
+        """The file's bytes if it holds a good checkpoint, else None."""
         try:
-            decode_state(path.read_bytes())
+            data = path.read_bytes()
+            decode_state(data)
         except (OSError, CheckpointError):
-            return False
-        return True
+            return None
+        return data
 
     def save(self, state: Any) -> Path:
         """Write a checkpoint of ``state`` atomically; the current good one becomes previous.
@@ -130,9 +133,13 @@ class CheckpointStore:
         """
         data = encode_state(state)
         if self.latest_path.exists():
-            if self._valid(self.latest_path):
-                # rename is atomic: at every instant a good checkpoint exists on disk.
-                os.replace(self.latest_path, self.previous_path)
+            old = self._valid_bytes(self.latest_path)
+            if old is not None:
+                # Copied, not renamed: a rename left no latest until the new one was
+                # written, and a kill -9 in that gap made the next start fall back to
+                # the previous copy. One more small write per cadence buys a latest
+                # that is there at every instant.
+                atomic_write_bytes(self.previous_path, old, mode=0o600)
             else:
                 log.warning("corrupt checkpoint not kept as previous", path=str(self.latest_path))
         path = atomic_write_bytes(self.latest_path, data, mode=0o600)

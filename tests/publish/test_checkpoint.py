@@ -130,3 +130,30 @@ def test_decode_state_errors() -> None:
     assert decode_state(data) == [1, 2, 3]
     with pytest.raises(CheckpointError, match="truncated"):
         decode_state(data + b"extra")
+
+
+def test_latest_is_never_missing_while_a_new_one_is_saved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kill -9 at any instant of ``save`` must find a good latest checkpoint on the next
+    start (not fall back to the previous one): at every file operation of the save, the
+    latest is there and decodes, and afterwards previous holds the one it replaced."""
+    import daemon.checkpoint as ckmod
+
+    store = CheckpointStore(tmp_path)
+    store.save({"gen": 1})
+    seen: list[Any] = []
+    real = ckmod.atomic_write_bytes
+
+    def watching(path: Any, data: bytes, **kw: Any) -> Path:
+        seen.append(decode_state(store.latest_path.read_bytes())["gen"])
+        out = real(path, data, **kw)
+        seen.append(decode_state(store.latest_path.read_bytes())["gen"])
+        return out
+
+    monkeypatch.setattr(ckmod, "atomic_write_bytes", watching)
+    store.save({"gen": 2})
+    assert seen == [1, 1, 1, 2]  # previous copied (latest untouched), then latest replaced
+    restored = store.restore()
+    assert restored is not None and restored.state["gen"] == 2 and not restored.fell_back
+    assert decode_state(store.previous_path.read_bytes())["gen"] == 1
