@@ -420,47 +420,72 @@ _journey_events = {
     for k in JourneyKind
 }
 
+_SUMMARY_FIELDS: tuple[_Field, ...] = (
+    ("step.id", _INT, _R),
+    ("step.ts_start_ns", _NS, _R),
+    ("step.ts_end_ns", _NS, _R),
+    ("step.duration_us", _INT, _R),
+    ("queue.running_depth", _INT, _R),
+    ("queue.waiting_depth", _INT, _R),
+    ("batch.num_prefill_reqs", _INT, _R),
+    ("batch.num_decode_reqs", _INT, _R),
+    ("batch.scheduled_tokens", _INT, _R),
+    ("batch.prefill_tokens", _INT, _R),
+    ("batch.decode_tokens", _INT, _R),
+    ("batch.num_finished", _INT, _R),
+    ("batch.num_preempted", _INT, _R),
+    ("kv.usage_gpu_ratio", _FLOAT, _R),
+    ("kv.blocks_total_gpu", _INT, _R),
+    ("kv.blocks_free_gpu", _INT, _R),
+)
+#: What the joiner's bookkeeping reads of a step it sheds (see ``BatchSummary.partial``),
+#: besides ``step.id``, which :func:`_shedding_summary_parser` has read already.
+_PARTIAL_SUMMARY_KEYS = frozenset(
+    {
+        "step.ts_start_ns",
+        "step.ts_end_ns",
+        "queue.running_depth",
+        "queue.waiting_depth",
+        "batch.scheduled_tokens",
+        "kv.usage_gpu_ratio",
+    }
+)
+
+
+def _ratio_check(fields: tuple[_Field, ...]) -> tuple[str, ...]:
+    """The ``post`` lines bounding ``kv.usage_gpu_ratio`` to [0, 1] among ``fields``."""
+    i = [key for key, _, _ in fields].index("kv.usage_gpu_ratio")
+    return (f"if x{i} < 0.0 or x{i} > 1.0:", "    raise _Reject('range:kv.usage_gpu_ratio')")
+
+
+def _partial_summary_parser() -> Callable[..., Record]:
+    """``batch_summary_partial(obj, info, wall, step)``: the partial fields read, every
+    other field of the record 0, ``partial`` True (built from :data:`_SUMMARY_FIELDS`,
+    so the two parsers cannot disagree on a field or its position)."""
+    fields = tuple(f for f in _SUMMARY_FIELDS if f[0] in _PARTIAL_SUMMARY_KEYS)
+    index = {key: i for i, (key, _, _) in enumerate(fields)}
+    args = [
+        "step" if key == "step.id" else f"x{index[key]}" if key in index else "0"
+        for key, _, _ in _SUMMARY_FIELDS
+    ]
+    return _compile_parser(
+        "batch_summary_partial",
+        fields,
+        "BatchSummary(info, wall, " + ", ".join(args) + ", True)",
+        post=_ratio_check(fields),
+        env={"BatchSummary": BatchSummary},
+        params="obj, info, wall, step",
+    )
+
+
 _batch_summary = _compile_parser(
     "batch_summary",
-    (
-        ("step.id", _INT, _R),
-        ("step.ts_start_ns", _NS, _R),
-        ("step.ts_end_ns", _NS, _R),
-        ("step.duration_us", _INT, _R),
-        ("queue.running_depth", _INT, _R),
-        ("queue.waiting_depth", _INT, _R),
-        ("batch.num_prefill_reqs", _INT, _R),
-        ("batch.num_decode_reqs", _INT, _R),
-        ("batch.scheduled_tokens", _INT, _R),
-        ("batch.prefill_tokens", _INT, _R),
-        ("batch.decode_tokens", _INT, _R),
-        ("batch.num_finished", _INT, _R),
-        ("batch.num_preempted", _INT, _R),
-        ("kv.usage_gpu_ratio", _FLOAT, _R),
-        ("kv.blocks_total_gpu", _INT, _R),
-        ("kv.blocks_free_gpu", _INT, _R),
-    ),
+    _SUMMARY_FIELDS,
     "BatchSummary(info, wall, {args})",
-    post=("if x13 < 0.0 or x13 > 1.0:", "    raise _Reject('range:kv.usage_gpu_ratio')"),
+    post=_ratio_check(_SUMMARY_FIELDS),
     env={"BatchSummary": BatchSummary},
 )
-#: A summary of a step the daemon sheds (:attr:`Decoder.step_filter`): only what the
-#: joiner's bookkeeping reads, 7 of the 16 attributes (see ``BatchSummary.partial``).
-_batch_summary_partial = _compile_parser(
-    "batch_summary_partial",
-    (
-        ("step.ts_start_ns", _NS, _R),
-        ("step.ts_end_ns", _NS, _R),
-        ("queue.running_depth", _INT, _R),
-        ("queue.waiting_depth", _INT, _R),
-        ("batch.scheduled_tokens", _INT, _R),
-        ("kv.usage_gpu_ratio", _FLOAT, _R),
-    ),
-    "BatchSummary(info, wall, step, x0, x1, 0, x2, x3, 0, 0, x4, 0, 0, 0, 0, x5, 0, 0, True)",
-    post=("if x5 < 0.0 or x5 > 1.0:", "    raise _Reject('range:kv.usage_gpu_ratio')"),
-    env={"BatchSummary": BatchSummary},
-    params="obj, info, wall, step",
-)
+_batch_summary_partial = _partial_summary_parser()
 
 
 def _shedding_summary_parser(keep: Callable[[int], bool]) -> _EventParser:
