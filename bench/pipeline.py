@@ -56,7 +56,7 @@ def render(copies: int, seconds: float, quick: bool) -> list[Body]:
     rec = record("fleet", 30.0 if quick else 60.0, 1, RATES)
     sender = LiveSender(1, rec)  # the channel connects lazily: nothing is sent
     try:
-        plan = sender._plan(copies * rec.total / (sender.duration_ns / 1e9))
+        plan = sender.plan(copies * rec.total / (sender.duration_ns / 1e9))
         out: list[Body] = []
         due, body, n = next(plan)
         end = due + seconds

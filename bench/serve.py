@@ -141,7 +141,7 @@ class Sender:
         self.shift = 0
         self.lag = 0.0
 
-    def _plan(self, rate: float) -> Iterator[tuple[float, bytes, int]]:
+    def plan(self, rate: float) -> Iterator[tuple[float, bytes, int]]:
         """(monotonic send time, request bytes, events) in sending order."""
         rec, t, step = self.rec, time.monotonic(), 1.0 / rate
         while True:
@@ -170,7 +170,7 @@ class Sender:
         inflight: collections.deque[tuple[Any, bytes, int]] = collections.deque()
         retry: list[tuple[bytes, int]] = []
         t0 = time.monotonic()
-        plan = self._plan(rate)
+        plan = self.plan(rate)
         due, data, n = next(plan)
 
         def settle(block: bool) -> None:
@@ -254,7 +254,7 @@ class LiveSender(Sender):
     def offered(self, rate: float) -> float:
         return self.copies(rate) * self.rec.total / (self.duration_ns / 1e9)
 
-    def _plan(self, rate: float) -> Iterator[tuple[float, bytes, int]]:
+    def plan(self, rate: float) -> Iterator[tuple[float, bytes, int]]:
         k_n, d = self.copies(rate), self.duration_ns
         self.levels += 1
         wall0, mono0 = time.time_ns(), time.monotonic()

@@ -326,9 +326,8 @@ class LearningConsumer:
             collections.OrderedDict()
         )
         self.records = 0
-        self.shed = 0  # steps neither joined nor learned (load shedding)
         self.shed_requests = 0  # request observations built but not learned
-        self._shed_requests_exported = 0
+        self._shed_exported = {"step": 0, "request": 0}  # what the counter shows
         self.observations = 0
         self.published = 0
 
@@ -501,18 +500,18 @@ class LearningConsumer:
                 shed_total=self.shed,
             )
 
+    @property
+    def shed(self) -> int:
+        """Steps neither joined nor learned (load shedding): the joiner's own tally."""
+        return self.joiner.metrics.outcomes[("step", "shed")]
+
     def _shed_count(self) -> None:
-        """Export the steps the joiner shed (its own tally of outcome ``shed``) and the
-        requests this consumer shed."""
-        total = self.joiner.metrics.outcomes[("step", "shed")]
-        if total > self.shed:
-            self.metrics.shed.labels("step").inc(total - self.shed)
-            self.shed = total
-        if self.shed_requests > self._shed_requests_exported:
-            self.metrics.shed.labels("request").inc(
-                self.shed_requests - self._shed_requests_exported
-            )
-            self._shed_requests_exported = self.shed_requests
+        """Bring ``coeffd_observations_shed_total`` up to the steps and requests shed."""
+        for kind, total in (("step", self.shed), ("request", self.shed_requests)):
+            done = self._shed_exported[kind]
+            if total > done:
+                self.metrics.shed.labels(kind).inc(total - done)
+                self._shed_exported[kind] = total
 
     def _pending_for(self, cid: str, now: float) -> _Pending:
         p = self._pending.get(cid)

@@ -575,18 +575,15 @@ class EngineState:
 
     def due(self, now_wall: int) -> list[int]:
         """Pending steps whose window has passed on this engine's clock, oldest first."""
-        pend = self.pending
+        pend, late = self.pending, self.pending_late
         wm = max(self.watermark, now_wall)
-        late = self.pending_late
-        if (not pend or pend[0][0] > wm) and (not late or late[0][0] > wm):
-            return []
         due = []
         while pend and pend[0][0] <= wm:
             due.append(pend.popleft())
         if late and late[0][0] <= wm:
             while late and late[0][0] <= wm:
                 due.append(heapq.heappop(late))
-            due.sort()
+            due.sort()  # merge the two queues' steps into deadline order
         return [n for _, n in due]
 
     def drain_all(self) -> list[int]:
