@@ -54,7 +54,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from prometheus_client.parser import text_string_to_metric_families
 
 from receivers.otlp.decode import Decoder
-from simfleet import SampleRates, build, run
+from simfleet import SampleRates, build, replica, run
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -101,24 +101,7 @@ def record(scenario: str | list[Any], seconds: float, seed: int, rates: SampleRa
 
 def rewrite(req: ExportTraceServiceRequest, rnd: int, shift_ns: int) -> bytes:
     """A fresh copy of ``req`` for replay round ``rnd``: new ids, engine and wall times."""
-    tag = rnd.to_bytes(4, "big")
-    out = ExportTraceServiceRequest()
-    out.CopyFrom(req)
-    for rs in out.resource_spans:
-        for kv in rs.resource.attributes:
-            if kv.key == "coeffd.engine":
-                kv.value.string_value = f"{kv.value.string_value}~{rnd}"
-        for ss in rs.scope_spans:
-            for s in ss.spans:
-                s.trace_id = tag + s.trace_id[4:]
-                s.span_id = tag[2:] + s.span_id[2:]
-                if s.parent_span_id:
-                    s.parent_span_id = tag[2:] + s.parent_span_id[2:]
-                s.start_time_unix_nano += shift_ns
-                s.end_time_unix_nano += shift_ns
-                for ev in s.events:
-                    ev.time_unix_nano += shift_ns
-    return out.SerializeToString()
+    return replica(req, rnd, shift_ns).SerializeToString()
 
 
 class Sender:

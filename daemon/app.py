@@ -322,6 +322,9 @@ class App:
             rate_limit_seconds=settings.log.rate_limit_seconds,
         )
         self.decoder = Decoder()
+        #: Engine sampling for the KV streams (engine name → take its events?), wired
+        #: like ``decoder.source_filter``.
+        self.kv_engine_filter: Callable[[str], bool] | None = None
         self.router = Router()
         self.router.add_route("GET", "/metrics", self._metrics)
         self.router.add_route("GET", "/healthz", self._healthz)
@@ -435,6 +438,7 @@ class App:
             self.registry,
             events_rejected=self.metrics.events_rejected,
             events_received=self.metrics.events_received,
+            events_sampled_out=self.metrics.events_sampled_out,
         )
         for endpoint in kv.endpoints:
             sub = KVSubscriber(
@@ -446,6 +450,7 @@ class App:
                 replay_endpoint=kv.replay_endpoint,
                 topic_sources=kv.topic_sources,
                 count_received=False,
+                engine_filter=self.kv_engine_filter,
             )
             try:
                 sub.start()

@@ -36,6 +36,7 @@ from daemon.publish.snapshot import (
     Snapshot,
     SnapshotStore,
 )
+from daemon.sampling import EngineSampler
 from daemon.shedding import LoadShedder
 from daemon.writer import Writer
 from learners.features.config import ENGINE_ATTRIBUTE, ServingConfig, ServingConfigError
@@ -143,6 +144,20 @@ class ServeMetrics:
             registry=registry,
         )
         self.keep_ratio.set(1.0)
+        self.engine_share = Gauge(
+            "coeffd_engine_sample_share",
+            "Share of each configuration's engines whose telemetry is decoded and joined "
+            "(1 = all; below 1 = engine sampling, pipeline.sample_engines).",
+            registry=registry,
+        )
+        self.engine_share.set(1.0)
+        self.engines = Gauge(
+            "coeffd_engines",
+            "Engines heard from within the sampler's idle time, by state: joined or "
+            "sampled_out (engine sampling).",
+            ["state"],
+            registry=registry,
+        )
 
 
 class ConfigResolver:
@@ -274,6 +289,7 @@ class LearningConsumer:
         clock: Callable[[], float] = time.time,
         live: bool = True,
         shedder: LoadShedder | None = None,
+        sampler: EngineSampler | None = None,
     ) -> None:
         self.joiner = joiner
         self.registry = registry
@@ -297,6 +313,10 @@ class LearningConsumer:
         #: being shed partially (half the decode cost of the commonest record).
         self.decoders: list[Decoder] = []
         self._shedding = False
+        #: Engine sampling (past shedding): the app's decoders and KV subscribers consult
+        #: it for every source (it also keeps count of the engines heard from).
+        self.sampler = sampler
+        self._engine_share = 1.0
         self._pending: dict[str, _Pending] = {}
         self._configs: dict[str, ServingConfig] = {}
         self._last_checkpoint = clock()
@@ -393,6 +413,7 @@ class LearningConsumer:
 
     def _tick(self, now: float) -> None:
         self._shed_check()
+        self._engine_gauges()
         self._learn(self.joiner.tick(int(now * 1e9) if self.live else None), now)
         self._shed_count()
         self.publish_due(now)
@@ -489,6 +510,8 @@ class LearningConsumer:
         self.joiner.step_filter = keep
         for d in self.decoders:
             d.step_filter = keep
+        if self.sampler is not None:
+            self._sample_check(backlog, ratio)
         if shedding != self._shedding:
             self._shedding = shedding
             log.warning(
@@ -499,6 +522,32 @@ class LearningConsumer:
                 backlog=round(backlog, 3),
                 shed_total=self.shed,
             )
+
+    def _sample_check(self, backlog: float, ratio: float) -> None:
+        """Steer engine sampling (the receivers consult the sampler itself)."""
+        assert self.sampler is not None
+        share = self.sampler.update(backlog, ratio)
+        if share == self._engine_share:
+            return
+        self.metrics.engine_share.set(share)
+        log.warning(
+            "learning at its floor and still behind: joining a share of the engines"
+            if share < self._engine_share
+            else "caught up: joining more engines",
+            engine_share=share,
+            previous=self._engine_share,
+            backlog=round(backlog, 3),
+            keep_ratio=round(ratio, 3),
+        )
+        self._engine_share = share
+        self._engine_gauges()
+
+    def _engine_gauges(self) -> None:
+        if self.sampler is None:
+            return
+        kept, known = self.sampler.engines()
+        self.metrics.engines.labels("joined").set(kept)
+        self.metrics.engines.labels("sampled_out").set(known - kept)
 
     @property
     def shed(self) -> int:

@@ -39,6 +39,13 @@ class ReceiverMetrics:
             ["receiver"],
             registry=registry,
         )
+        self.events_sampled_out = Counter(
+            "coeffd_events_sampled_out_total",
+            "Spans/events of engines skipped by engine sampling (pipeline.sample_engines), "
+            "by receiver; counted, not decoded.",
+            ["receiver"],
+            registry=registry,
+        )
         self.dropped_upstream = Counter(
             "coeffd_upstream_dropped_events_total",
             "Span events the exporting SDK dropped before sending (droppedEventsCount; "

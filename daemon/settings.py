@@ -172,6 +172,19 @@ class PipelineSettings(_Section):
     #: releases) takes more than this share of ``tick_interval_seconds``: long ticks delay
     #: every snapshot and starve the receivers. 0 = shed on backlog only.
     shed_tick_budget: float = Field(default=0.4, ge=0.0, le=1.0)
+    #: Engine sampling, past shedding: while the queue fill is at or above
+    #: ``sample_engines_at`` and rising, halve the share of each configuration's engines
+    #: whose spans are decoded and joined (the others' are counted in
+    #: ``coeffd_events_sampled_out_total``, not decoded), down to
+    #: ``sample_engines_min_share``; every configuration keeps at least
+    #: ``sample_engines_min_per_config`` engines. The share doubles again after
+    #: ``sample_engines_recover_seconds`` at or below ``shed_start`` with at least half of
+    #: the steps learned. false = never (push back instead).
+    sample_engines: bool = True
+    sample_engines_at: float = Field(default=0.6, gt=0.0, le=1.0)
+    sample_engines_min_share: float = Field(default=1 / 64, gt=0.0, le=1.0)
+    sample_engines_min_per_config: int = Field(default=2, ge=1, le=10_000)
+    sample_engines_recover_seconds: float = Field(default=60.0, ge=0.0, le=86_400.0)
 
     @model_validator(mode="after")
     def _shed_order(self) -> PipelineSettings:
@@ -179,6 +192,11 @@ class PipelineSettings(_Section):
             raise ValueError(
                 f"pipeline.shed_full ({self.shed_full}) must be above pipeline.shed_start "
                 f"({self.shed_start}); e.g. shed_start = 0.1, shed_full = 0.5"
+            )
+        if self.sample_engines_at <= self.shed_start:
+            raise ValueError(
+                f"pipeline.sample_engines_at ({self.sample_engines_at}) must be above "
+                f"pipeline.shed_start ({self.shed_start}); e.g. sample_engines_at = 0.6"
             )
         return self
 

@@ -27,7 +27,14 @@ from simfleet.config import (
     Workload,
 )
 from simfleet.kv import KVJsonlWriter, MemoryKVSink, read_kv_jsonl
-from simfleet.run import RunResult, resource_attributes, run, run_in_thread, write_truth
+from simfleet.run import (
+    RunResult,
+    replica,
+    resource_attributes,
+    run,
+    run_in_thread,
+    write_truth,
+)
 from simfleet.scenarios import SCENARIOS, build
 
 __all__ = [
@@ -46,6 +53,7 @@ __all__ = [
     "Workload",
     "build",
     "read_kv_jsonl",
+    "replica",
     "resource_attributes",
     "run",
     "run_in_thread",

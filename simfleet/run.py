@@ -43,6 +43,34 @@ MONO_START_NS = 5_000_000_000_000  # EngineCore mono clock at simulation start (
 TraceSink = Callable[[ExportTraceServiceRequest], None]
 
 
+def replica(
+    req: ExportTraceServiceRequest, copy: int, shift_ns: int = 0
+) -> ExportTraceServiceRequest:
+    """``req`` as another engine of the same configuration would send it: ``coeffd.engine``
+    suffixed ``~copy``, trace and span ids tagged with ``copy`` (so nothing is a duplicate),
+    and every time shifted by ``shift_ns``. Builds fleets of hundreds of engines from one
+    run (benchmarks, engine-sampling tests)."""
+    tag = copy.to_bytes(4, "big")
+    out = ExportTraceServiceRequest()
+    out.CopyFrom(req)
+    for rs in out.resource_spans:
+        for kv in rs.resource.attributes:
+            if kv.key == "coeffd.engine":
+                kv.value.string_value = f"{kv.value.string_value}~{copy}"
+        for ss in rs.scope_spans:
+            for s in ss.spans:
+                s.trace_id = tag + s.trace_id[4:]
+                s.span_id = tag[2:] + s.span_id[2:]
+                if s.parent_span_id:
+                    s.parent_span_id = tag[2:] + s.parent_span_id[2:]
+                if shift_ns:
+                    s.start_time_unix_nano += shift_ns
+                    s.end_time_unix_nano += shift_ns
+                    for ev in s.events:
+                        ev.time_unix_nano += shift_ns
+    return out
+
+
 def resource_attributes(spec: EngineSpec, process: str, index: int) -> dict[str, Any]:
     """Resource of one process: the ``coeffd.*`` configuration vocabulary + identity.
 

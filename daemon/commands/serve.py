@@ -20,7 +20,8 @@ from daemon.checkpoint import CheckpointStore
 from daemon.commands.common import EXIT_USAGE, add_settings_arguments, settings_from_args
 from daemon.learning import ConfigResolver, LearningConsumer, ServeMetrics
 from daemon.publish.snapshot import PublishPolicy, SnapshotStore
-from daemon.settings import Settings
+from daemon.sampling import EngineSampler
+from daemon.settings import PipelineSettings, Settings
 from daemon.shedding import LoadShedder
 from learners.features.config import BasisResolver
 from learners.registry import LearnerRegistry
@@ -92,10 +93,23 @@ def build_consumer(
         )
         if settings.pipeline.shed_learning
         else None,
+        sampler=_sampler(settings.pipeline),
     )
     if checkpoints is not None and settings.state.restore:
         consumer.restore()
     return consumer, store
+
+
+def _sampler(p: PipelineSettings) -> EngineSampler | None:
+    if not p.sample_engines:
+        return None
+    return EngineSampler(
+        high=p.sample_engines_at,
+        low=p.shed_start,
+        min_share=p.sample_engines_min_share,
+        min_engines=p.sample_engines_min_per_config,
+        up_hold_s=p.sample_engines_recover_seconds,
+    )
 
 
 def build_app(
@@ -110,6 +124,9 @@ def build_app(
     pipeline = app.pipeline
     consumer.backlog = lambda: pipeline.depth / pipeline.capacity
     consumer.decoders.append(app.decoder)
+    if consumer.sampler is not None:
+        app.decoder.source_filter = consumer.sampler.keep
+        app.kv_engine_filter = consumer.sampler.keep_engine
     api.mount(app.router, store)
     return app
 

@@ -66,7 +66,10 @@ class KVMetrics:
         *,
         events_rejected: PromCounter | None = None,
         events_received: PromCounter | None = None,
+        events_sampled_out: PromCounter | None = None,
     ) -> None:
+        #: ``coeffd_events_sampled_out_total`` (engine sampling), when the app has it.
+        self.sampled_out = events_sampled_out
         self.batches = PromCounter(
             "coeffd_kv_batches_total",
             "KV-event batches (ZMQ messages) accepted, by source.",
@@ -176,6 +179,7 @@ class KVSubscriber:
         replay_endpoint: str | None = None,
         topic_sources: bool = False,
         count_received: bool = True,
+        engine_filter: Callable[[str], bool] | None = None,
     ) -> None:
         self.endpoint = endpoint
         # Fan-in (one bound SUB, many engines connecting): each engine publishes under its
@@ -183,6 +187,9 @@ class KVSubscriber:
         # (``coeffd.engine=<topic>``, which the joiner links to that engine's spans) and
         # part of the sequence key, since every engine numbers its batches from 0.
         self.topic_sources = topic_sources
+        # Engine sampling (daemon.sampling): with topic sources, the batches of engines
+        # whose spans are skipped are counted (``sampled_out``) and not turned into records.
+        self.engine_filter = engine_filter if topic_sources else None
         # False when ``offer`` is the daemon pipeline, which counts accepted records itself.
         self.count_received = count_received
         self._topic_source: dict[str, Source] = {}
@@ -373,6 +380,12 @@ class KVSubscriber:
         self.counts["batches"] += 1
         if self.metrics is not None:
             self.metrics.batches.labels(source.id).inc()
+        if self.engine_filter is not None and not self.engine_filter(msg.topic):
+            n = len(msg.batch.events)
+            self.counts["sampled_out"] += n
+            if self.metrics is not None and self.metrics.sampled_out is not None:
+                self.metrics.sampled_out.labels(RECEIVER).inc(n)
+            return
         records = batch_records(msg.batch, source, msg.topic, msg.seq)
         if not records:
             return

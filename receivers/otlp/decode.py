@@ -115,6 +115,8 @@ class DecodeResult:
     #: Sum of the spans' ``dropped_events_count``: events the exporting SDK evicted
     #: (more than 128 per span, spec §1.6). Not our loss, but worth an alert.
     dropped_upstream: int = 0
+    #: Spans and events of sources the ``source_filter`` skipped (engine sampling).
+    sampled_out: int = 0
 
     def merge(self, other: DecodeResult) -> None:
         """Add ``other`` into this result (used by replay to sum up a file)."""
@@ -124,6 +126,7 @@ class DecodeResult:
         self.ignored += other.ignored
         self.rejected_spans += other.rejected_spans
         self.dropped_upstream += other.dropped_upstream
+        self.sampled_out += other.sampled_out
 
     def error_message(self) -> str:
         """A short human summary of the rejections, for OTLP ``error_message``."""
@@ -557,6 +560,10 @@ class Decoder:
         self._max_sources = max_sources
         self._step_filter: Callable[[int], bool] | None = None
         self._scopes = _SCOPES
+        #: Engine sampling: the spans of sources for which this is False are counted in
+        #: ``sampled_out`` and not decoded. Set by the learning consumer while it samples
+        #: engines (see ``daemon.sampling``); ``None`` decodes every source.
+        self.source_filter: Callable[[Source], bool] | None = None
 
     @property
     def step_filter(self) -> Callable[[int], bool] | None:
@@ -602,8 +609,14 @@ class Decoder:
         res = DecodeResult()
         out = res.records
         scopes = self._scopes
+        sample = self.source_filter
         for rs in req.resource_spans:
             source = self.source(rs.resource)
+            if sample is not None and not sample(source):
+                res.sampled_out += sum(
+                    1 + len(span.events) for ss in rs.scope_spans for span in ss.spans
+                )
+                continue
             for ss in rs.scope_spans:
                 scope = ss.scope.name
                 handler = scopes.get(scope)

@@ -74,6 +74,7 @@ class Ingestor:
         self._decode_hist = metrics.decode_seconds.labels(receiver)
         self._requests = {o: metrics.requests.labels(receiver, o.value) for o in Outcome}
         self._ignored = metrics.events_ignored.labels(receiver)
+        self._sampled_out = metrics.events_sampled_out.labels(receiver)
         self._dropped = metrics.dropped_upstream.labels(receiver)
 
     @classmethod
@@ -111,6 +112,8 @@ class Ingestor:
             return self._retry(res, peer)
         if res.ignored:
             self._ignored.inc(res.ignored)
+        if res.sampled_out:
+            self._sampled_out.inc(res.sampled_out)
         if res.dropped_upstream:
             self._dropped.inc(res.dropped_upstream)
             self._warn(
