@@ -500,9 +500,13 @@ class LearningConsumer:
     def _shed_check(self) -> None:
         """Set the shedder's share from the backlog; the decoders, the joiner and
         :meth:`_learn` skip the steps and requests it drops."""
-        if self.shedder is None or self.backlog is None:
+        if self.backlog is None:
             return
         backlog = self.backlog()
+        if self.shedder is None:
+            if self.sampler is not None:
+                self._sample_check(backlog, 1.0)
+            return
         ratio = self.shedder.update(backlog)
         self.metrics.keep_ratio.set(ratio)
         shedding = ratio < 1.0

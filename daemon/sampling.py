@@ -19,14 +19,17 @@ Rules:
 * each configuration (its ``coeffd.model``, ``coeffd.gpu``, … attributes) keeps its
   ``min_engines`` lowest-hash engines seen within ``idle_s``: no configuration stops
   learning, however small its share of the fleet;
-* the share halves while the backlog is at or above ``high`` and still rising (at most
-  once per ``down_hold_s``), and doubles once the backlog has stayed at or below ``low``
-  with step learning at half or more for ``up_hold_s``. Slow to add engines back,
-  because an engine taken on mid-stream yields no observations for a window.
+* the share halves (at most once per ``down_hold_s``) while the backlog is at or above
+  ``high`` and still rising, or while step learning is at its floor and the daemon uses
+  ``cpu_high`` of a core: then the receivers, not the queue, fall behind (answering late),
+  since they share the interpreter with the worker;
+* it doubles once the backlog has stayed at or below ``low``, with step learning at half
+  or more and the CPU at most ``cpu_high / 2``, for ``up_hold_s``. Slow to add engines
+  back, because an engine taken on mid-stream yields no observations for a window.
 
 >>> from receivers.kv.subscriber import source_from_attributes as src
 >>> clock = iter(range(0, 10_000, 2)).__next__
->>> s = EngineSampler(min_engines=1, clock=clock)
+>>> s = EngineSampler(min_engines=1, clock=clock, cpu_clock=lambda: 0.0)
 >>> engines = [src({"coeffd.model": "m", "coeffd.engine": f"e{i}"}) for i in range(400)]
 >>> sum(map(s.keep, engines))                    # everything while not behind
 400
@@ -95,6 +98,13 @@ class EngineSampler:
         Least time between halvings; calm time before a doubling.
     idle_s
         An engine not heard from for this long leaves its configuration's floor.
+    cpu_high
+        The daemon's CPU (seconds per second, all threads) at and above which, with step
+        learning at ``step_floor``, the share halves although the queue is short: the
+        receivers then lose the CPU to the worker and answer late, which the queue does
+        not show. One Python process is GIL-bound at about one core.
+    step_floor
+        The step-learning share that means "nothing more to shed" (``shed_min_keep``).
     """
 
     def __init__(
@@ -107,7 +117,10 @@ class EngineSampler:
         down_hold_s: float = 1.0,
         up_hold_s: float = 60.0,
         idle_s: float = 120.0,
+        cpu_high: float = 0.9,
+        step_floor: float = 1 / 32,
         clock: Callable[[], float] = time.monotonic,
+        cpu_clock: Callable[[], float] = time.process_time,
     ) -> None:
         if not 0.0 <= low < high <= 1.0:
             raise ValueError(f"need 0 <= low < high <= 1, got low={low}, high={high}")
@@ -116,7 +129,8 @@ class EngineSampler:
         self.high, self.low, self.min_share = high, low, min_share
         self.min_engines = min_engines
         self.down_hold_s, self.up_hold_s, self.idle_s = down_hold_s, up_hold_s, idle_s
-        self._clock = clock
+        self.cpu_high, self.step_floor = cpu_high, step_floor
+        self._clock, self._cpu_clock = clock, cpu_clock
         self.share = 1.0
         self._limit = _MASK + 1
         self._floor: frozenset[str] = frozenset()
@@ -131,6 +145,10 @@ class EngineSampler:
         self._backlog_at_change = 0.0
         self._calm_since: float | None = None
         self._next_expiry = now + idle_s / 4
+        #: CPU seconds per second over the last whole second (all threads)
+        self.cpu = 0.0
+        self._cpu_since = (now, cpu_clock())
+        self._cpu_current = False  # measured wholly after the last change had settled
 
     # ------------------------------------------------------------ receivers' threads
     def keep(self, source: Source) -> bool:
@@ -149,17 +167,22 @@ class EngineSampler:
 
     # ------------------------------------------------------------ pipeline worker
     def update(self, backlog: float, step_ratio: float) -> float:
-        """Steer the share from the backlog and the step-learning share; returns it."""
+        """Steer the share from the backlog, the step-learning share and the CPU."""
         now = self._clock()
-        if backlog >= self.high:
+        self._measure_cpu(now)
+        cpu_bound = (
+            self._cpu_current and self.cpu >= self.cpu_high and step_ratio <= self.step_floor
+        )
+        if backlog >= self.high or cpu_bound:
             self._calm_since = None
             if (
                 self.share > self.min_share
                 and now - self._changed >= self.down_hold_s
-                and backlog >= self._backlog_at_change
+                and (cpu_bound or backlog >= self._backlog_at_change)
             ):
                 self._set(max(self.min_share, self.share / 2), now, backlog)
-        elif backlog <= self.low and step_ratio >= 0.5:
+        elif backlog <= self.low and step_ratio >= 0.5 and self.cpu <= self.cpu_high / 2:
+            # doubling the share at most doubles the CPU: this much headroom is enough
             if self._calm_since is None:
                 self._calm_since = now
             elif self.share < 1.0 and now - max(self._calm_since, self._changed) >= self.up_hold_s:
@@ -169,6 +192,15 @@ class EngineSampler:
         if now >= self._next_expiry:
             self._expire(now)
         return self.share
+
+    def _measure_cpu(self, now: float) -> None:
+        t0, c0 = self._cpu_since
+        if now - t0 >= 1.0:
+            c = self._cpu_clock()
+            self.cpu = (c - c0) / (now - t0)
+            self._cpu_since = (now, c)
+            # settled: the first second after a change still works off the queue it left
+            self._cpu_current = t0 >= self._changed + self.down_hold_s
 
     def engines(self) -> tuple[int, int]:
         """(engines kept, engines heard from within ``idle_s``)."""
@@ -183,6 +215,7 @@ class EngineSampler:
         self.share = share
         self._limit = _MASK + 1 if share >= 1.0 else int(share * (_MASK + 1))
         self._changed, self._backlog_at_change = now, backlog
+        self._cpu_current = False
 
     def _register(self, source: Source) -> tuple[str, int]:
         engine = engine_identity(source)

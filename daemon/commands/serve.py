@@ -109,6 +109,9 @@ def _sampler(p: PipelineSettings) -> EngineSampler | None:
         min_share=p.sample_engines_min_share,
         min_engines=p.sample_engines_min_per_config,
         up_hold_s=p.sample_engines_recover_seconds,
+        cpu_high=p.sample_engines_cpu,
+        # without learning's shedding, engine sampling is the first resort
+        step_floor=p.shed_min_keep if p.shed_learning else 1.0,
     )
 
 
