@@ -393,8 +393,16 @@ class LearningConsumer:
         self.records += len(records)
         now = self._clock()
         arrival = self._summary_arrival
+        # only steps that can become observations: under load the others would crowd
+        # the bounded map and push out the kept ones before their window has passed
+        keep = self._keep if self._shedding else None
         for r in records:
-            if type(r) is BatchSummary and not r.step & _ARRIVAL_SAMPLE_MASK:
+            if (
+                type(r) is BatchSummary
+                and not r.step & _ARRIVAL_SAMPLE_MASK
+                and not r.partial
+                and (keep is None or keep(r.step))
+            ):
                 arrival[(r.span.source.id, r.step)] = now
         while len(arrival) > 20_000:
             arrival.popitem(last=False)

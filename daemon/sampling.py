@@ -105,6 +105,8 @@ class EngineSampler:
         not show. One Python process is GIL-bound at about one core.
     step_floor
         The step-learning share that means "nothing more to shed" (``shed_min_keep``).
+    cpu_settle_s
+        The CPU is judged only on seconds that start this long after a change of share.
     """
 
     def __init__(
@@ -119,6 +121,7 @@ class EngineSampler:
         idle_s: float = 120.0,
         cpu_high: float = 0.9,
         step_floor: float = 1 / 32,
+        cpu_settle_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         cpu_clock: Callable[[], float] = time.process_time,
     ) -> None:
@@ -129,7 +132,7 @@ class EngineSampler:
         self.high, self.low, self.min_share = high, low, min_share
         self.min_engines = min_engines
         self.down_hold_s, self.up_hold_s, self.idle_s = down_hold_s, up_hold_s, idle_s
-        self.cpu_high, self.step_floor = cpu_high, step_floor
+        self.cpu_high, self.step_floor, self.cpu_settle_s = cpu_high, step_floor, cpu_settle_s
         self._clock, self._cpu_clock = clock, cpu_clock
         self.share = 1.0
         self._limit = _MASK + 1
@@ -199,8 +202,9 @@ class EngineSampler:
             c = self._cpu_clock()
             self.cpu = (c - c0) / (now - t0)
             self._cpu_since = (now, c)
-            # settled: the first second after a change still works off the queue it left
-            self._cpu_current = t0 >= self._changed + self.down_hold_s
+            # settled: after a change the worker still works off the queue and the join
+            # window it left for a while, at full CPU
+            self._cpu_current = t0 >= self._changed + self.cpu_settle_s
 
     def engines(self) -> tuple[int, int]:
         """(engines kept, engines heard from within ``idle_s``)."""

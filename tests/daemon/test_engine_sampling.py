@@ -132,7 +132,7 @@ def test_share_halves_only_while_the_backlog_rises_and_recovers_when_calm() -> N
 def test_cpu_saturation_halves_the_share_once_learning_is_at_its_floor() -> None:
     """With the queue short, a daemon using a whole core while step learning is at its
     floor is behind in its receivers: the share halves, once per measured second after
-    each change, and recovers only with the CPU at most half of ``cpu_high``."""
+    each change has settled, and recovers only with the CPU at most half of ``cpu_high``."""
     clock, cpu = Clock(), Clock()
     s = EngineSampler(cpu_high=0.9, step_floor=1 / 32, up_hold_s=10.0, clock=clock, cpu_clock=cpu)
 
@@ -143,9 +143,9 @@ def test_cpu_saturation_halves_the_share_once_learning_is_at_its_floor() -> None
 
     assert [second(0.97, 0.25) for _ in range(5)] == [1.0] * 5  # steps still sheddable
     assert [second(0.5, 1 / 32) for _ in range(5)] == [1.0] * 5  # at the floor, CPU to spare
-    shares = [second(0.97, 1 / 32) for _ in range(6)]
-    # the second after a change is not counted (the queue it left is worked off then)
-    assert shares == [0.5, 0.5, 0.25, 0.25, 0.125, 0.125]
+    shares = [second(0.97, 1 / 32) for _ in range(14)]
+    # halvings 6 s apart: seconds starting within cpu_settle_s (5) of a change don't count
+    assert shares == [0.5] * 6 + [0.25] * 6 + [0.125] * 2
     # calm queue, learning back at half, but the CPU at 0.6 (> 0.45): no recovery
     assert {second(0.6, 0.6) for _ in range(30)} == {0.125}
     # with the CPU at 0.3, after up_hold_s: doubles
