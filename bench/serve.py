@@ -406,6 +406,24 @@ def ramp(
     return sustained, lines
 
 
+def accuracy(d: DaemonProc, target: str = "step_period") -> str:
+    """The rolling step-time error per configuration, learned vs BLIS's defaults: what
+    learning under load (shedding, engine sampling) still achieves."""
+    by: dict[str, dict[str, float]] = {}
+    for lab, v in d.metrics().get("coeffd_prediction_mape", []):
+        if lab.get("target") == target:
+            by.setdefault(lab["coefficients"], {})[lab["config"]] = v
+    learned, default = sorted(by.get("learned", {}).values()), by.get("blis_default", {})
+    if not learned:
+        return "  no configuration has a rolling step-time error yet"
+    ratios = sorted(v / default[c] for c, v in by["learned"].items() if default.get(c))
+    return (
+        f"  step-time MAPE over {len(learned)} configurations: learned median "
+        f"{learned[len(learned) // 2]:.1%} (max {learned[-1]:.1%}); learned/default median "
+        f"{ratios[len(ratios) // 2] if ratios else float('nan'):.2f}"
+    )
+
+
 def hundred_configs(seconds: float) -> list[Any]:
     """100 engines, each its own configuration (the fleet's models/GPUs, varied knobs)."""
     base = [s for s in build("fleet", seconds) if s.serving.dp == 1]
@@ -457,6 +475,8 @@ def main(argv: list[str]) -> int:
                 sustained, lines = ramp(d, rec, levels if not warm else coarse, args.seconds, warm)
                 print("\n".join(lines))
                 print(f"  sustained: {sustained:,.0f} events/s")
+                if warm:
+                    print(accuracy(d))
                 results[name] = sustained
                 if name == "learning daemon" and sustained > 0:
                     d.stop()
