@@ -72,11 +72,12 @@ def run_replay(app: App, files: list[str], show_progress: bool | None = None) ->
 
 
 def replay_settings(settings: Settings, *, serve: bool) -> Settings:
-    """The daemon's settings for a replay: no load shedding (a replay waits for queue
-    room instead of being pushed back, so a full queue is no reason to learn less), and
-    without ``--serve`` no listeners."""
+    """The daemon's settings for a replay: no load shedding or engine sampling (a replay
+    waits for queue room instead of being pushed back, so a full queue is no reason to
+    learn less), and without ``--serve`` no listeners."""
     settings = settings.model_copy(deep=True)
     settings.pipeline.shed_learning = False
+    settings.pipeline.sample_engines = False
     if not serve:
         settings.receivers.otlp_grpc.enabled = False
         settings.receivers.otlp_http.enabled = False

@@ -133,7 +133,7 @@ def test_shed_learning_still_publishes_valid_coefficients(
 
 def test_replay_never_sheds(tmp_path: Path) -> None:
     """A replay waits for queue room (no sender to push back on), so a full queue is
-    normal there and must not make it learn less."""
+    normal there and must not make it learn less, or sample engines."""
     settings = load_settings(
         overrides={"publish": {"snapshot_dir": str(tmp_path / "s")}, "state": {"state_dir": ""}},
         environ={},
@@ -141,6 +141,9 @@ def test_replay_never_sheds(tmp_path: Path) -> None:
     assert settings.pipeline.shed_learning  # the daemon's default
     app = build_app(replay_settings(settings, serve=False), live=False)
     assert isinstance(app.consumer, LearningConsumer) and app.consumer.shedder is None
+    # nor skip engines: a replay reads every engine of its files
+    assert settings.pipeline.sample_engines and app.consumer.sampler is None
+    assert app.decoder.source_filter is None
     assert replay_settings(settings, serve=True).receivers.otlp_grpc.enabled
 
 
