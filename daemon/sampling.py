@@ -22,14 +22,15 @@ Rules:
 * the share halves (at most once per ``down_hold_s``) while the backlog is at or above
   ``high`` and still rising, or while step learning is at its floor and the daemon uses
   ``cpu_high`` of a core: then the receivers, not the queue, fall behind (answering late),
-  since they share the interpreter with the worker;
+  since they share the interpreter with the worker — unless the worker itself uses under
+  0.2 of a core, when halving would free little;
 * it doubles once the backlog has stayed at or below ``low``, with step learning at half
   or more and the CPU at most ``cpu_high / 2``, for ``up_hold_s``. Slow to add engines
   back, because an engine taken on mid-stream yields no observations for a window.
 
 >>> from receivers.kv.subscriber import source_from_attributes as src
 >>> clock = iter(range(0, 10_000, 2)).__next__
->>> s = EngineSampler(min_engines=1, clock=clock, cpu_clock=lambda: 0.0)
+>>> s = EngineSampler(min_engines=1, clock=clock, cpu_clock=lambda: 0.0, worker_clock=lambda: 0.0)
 >>> engines = [src({"coeffd.model": "m", "coeffd.engine": f"e{i}"}) for i in range(400)]
 >>> sum(map(s.keep, engines))                    # everything while not behind
 400
@@ -59,6 +60,7 @@ __all__ = ["EngineSampler"]
 _GOLDEN = 0x9E3779B1
 _MASK = 0xFFFFFFFF
 _MAX_SOURCES = 100_000  # sources come from the network: bound the per-source cache
+_MIN_WORKER_CPU = 0.2  # CPU-seconds/s of the worker below which the CPU rule rests
 
 _Group = tuple[tuple[str, AttrValue], ...]
 #: The resource attributes that name a configuration (not its engine or process).
@@ -124,6 +126,7 @@ class EngineSampler:
         cpu_settle_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         cpu_clock: Callable[[], float] = time.process_time,
+        worker_clock: Callable[[], float] = time.thread_time,
     ) -> None:
         if not 0.0 <= low < high <= 1.0:
             raise ValueError(f"need 0 <= low < high <= 1, got low={low}, high={high}")
@@ -133,7 +136,7 @@ class EngineSampler:
         self.min_engines = min_engines
         self.down_hold_s, self.up_hold_s, self.idle_s = down_hold_s, up_hold_s, idle_s
         self.cpu_high, self.step_floor, self.cpu_settle_s = cpu_high, step_floor, cpu_settle_s
-        self._clock, self._cpu_clock = clock, cpu_clock
+        self._clock, self._cpu_clock, self._worker_clock = clock, cpu_clock, worker_clock
         self.share = 1.0
         self._limit = _MASK + 1
         self._floor: frozenset[str] = frozenset()
@@ -150,7 +153,9 @@ class EngineSampler:
         self._next_expiry = now + idle_s / 4
         #: CPU seconds per second over the last whole second (all threads)
         self.cpu = 0.0
-        self._cpu_since = (now, cpu_clock())
+        #: the same for the thread calling :meth:`update` (the pipeline worker)
+        self.worker_cpu = 0.0
+        self._cpu_since = (now, cpu_clock(), worker_clock())
         self._cpu_current = False  # measured wholly after the last change had settled
 
     # ------------------------------------------------------------ receivers' threads
@@ -174,7 +179,12 @@ class EngineSampler:
         now = self._clock()
         self._measure_cpu(now)
         cpu_bound = (
-            self._cpu_current and self.cpu >= self.cpu_high and step_ratio <= self.step_floor
+            self._cpu_current
+            and self.cpu >= self.cpu_high
+            and step_ratio <= self.step_floor
+            # halving frees about half of what the kept engines cost; once that is little,
+            # the CPU goes to receiving (which every engine costs) and halving is no help
+            and self.worker_cpu >= _MIN_WORKER_CPU
         )
         if backlog >= self.high or cpu_bound:
             self._calm_since = None
@@ -197,11 +207,11 @@ class EngineSampler:
         return self.share
 
     def _measure_cpu(self, now: float) -> None:
-        t0, c0 = self._cpu_since
+        t0, c0, w0 = self._cpu_since
         if now - t0 >= 1.0:
-            c = self._cpu_clock()
-            self.cpu = (c - c0) / (now - t0)
-            self._cpu_since = (now, c)
+            c, w = self._cpu_clock(), self._worker_clock()
+            self.cpu, self.worker_cpu = (c - c0) / (now - t0), (w - w0) / (now - t0)
+            self._cpu_since = (now, c, w)
             # settled: after a change the worker still works off the queue and the join
             # window it left for a while, at full CPU
             self._cpu_current = t0 >= self._changed + self.cpu_settle_s
