@@ -31,6 +31,7 @@ from daemon.http.server import HttpServer, Request, Response, Router
 from daemon.log import RateLimiter
 from daemon.metrics import ReceiverMetrics
 from daemon.settings import Settings, parse_endpoint
+from receivers.occupancy import Occupancy
 from receivers.otlp.decode import Decoder, count_kinds
 from receivers.records import Record
 
@@ -325,6 +326,8 @@ class App:
         #: Engine sampling for the KV streams (engine name → take its events?), wired
         #: like ``decoder.source_filter``.
         self.kv_engine_filter: Callable[[str], bool] | None = None
+        #: How full the OTLP/gRPC receiver's worker pool runs (engine sampling reads it).
+        self.grpc_occupancy = Occupancy(settings.receivers.otlp_grpc.workers)
         self.router = Router()
         self.router.add_route("GET", "/metrics", self._metrics)
         self.router.add_route("GET", "/healthz", self._healthz)

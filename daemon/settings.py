@@ -179,11 +179,11 @@ class PipelineSettings(_Section):
     #: ``sample_engines_min_share``; every configuration keeps at least
     #: ``sample_engines_min_per_config`` engines. The share doubles again after
     #: ``sample_engines_recover_seconds`` at or below ``shed_start`` with at least half of
-    #: the steps learned and the CPU at most half of ``sample_engines_cpu``. It also halves
-    #: while the steps learned are at ``shed_min_keep`` and the daemon uses
-    #: ``sample_engines_cpu`` CPU-seconds a second: the receivers then answer late, which
-    #: the queue does not show (one Python process is GIL-bound at about one core).
-    #: false = never (push back instead).
+    #: the steps learned and the CPU at most half of ``sample_engines_cpu`` (CPU-seconds a
+    #: second; one Python process is GIL-bound at about one core). It also halves while
+    #: the steps learned are at ``shed_min_keep`` and the OTLP/gRPC receiver's worker pool
+    #: is full half of the time: the receivers then fall behind (requests wait before
+    #: they are read), which the queue does not show. false = never (push back instead).
     sample_engines: bool = True
     sample_engines_at: float = Field(default=0.6, gt=0.0, le=1.0)
     sample_engines_min_share: float = Field(default=1 / 64, gt=0.0, le=1.0)

@@ -130,6 +130,7 @@ def build_app(
     if consumer.sampler is not None:
         app.decoder.source_filter = consumer.sampler.keep
         app.kv_engine_filter = consumer.sampler.keep_engine
+        consumer.sampler.receivers_full = app.grpc_occupancy.full_share
     api.mount(app.router, store)
     return app
 

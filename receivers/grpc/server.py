@@ -21,6 +21,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from daemon.settings import parse_endpoint
+from receivers.occupancy import Occupancy
 from receivers.otlp.fastproto import FastExportRequest
 from receivers.otlp.ingest import Ingestor, Outcome
 
@@ -75,8 +76,9 @@ def _serialize(resp: trace_service_pb2.ExportTraceServiceResponse) -> bytes:
 
 
 class _Servicer(trace_service_pb2_grpc.TraceServiceServicer):
-    def __init__(self, ingestor: Ingestor, retry_after: float) -> None:
+    def __init__(self, ingestor: Ingestor, retry_after: float, occupancy: Occupancy) -> None:
         self._ingestor = ingestor
+        self._occupancy = occupancy
         self._trailers = retry_trailers(retry_after, "coeffd pipeline full, retry later")
 
     def Export(
@@ -84,6 +86,13 @@ class _Servicer(trace_service_pb2_grpc.TraceServiceServicer):
         request: Any,
         context: Any,
     ) -> trace_service_pb2.ExportTraceServiceResponse:
+        self._occupancy.enter()
+        try:
+            return self._export(request, context)
+        finally:
+            self._occupancy.exit()
+
+    def _export(self, request: Any, context: Any) -> trace_service_pb2.ExportTraceServiceResponse:
         if isinstance(request, _Undecodable):
             self._ingestor.invalid(request.reason, peer=context.peer())
             context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
@@ -118,7 +127,9 @@ class OtlpGrpcReceiver:
                 ("grpc.max_send_message_length", 4 * 1024 * 1024),
             ],
         )
-        servicer = _Servicer(self.ingestor, app.settings.receivers.retry_after_seconds)
+        servicer = _Servicer(
+            self.ingestor, app.settings.receivers.retry_after_seconds, app.grpc_occupancy
+        )
         # Registered by hand rather than with add_TraceServiceServicer_to_server so that an
         # undecodable body reaches us (counted, INVALID_ARGUMENT) instead of failing in
         # grpc's deserializer with an uncounted INTERNAL.

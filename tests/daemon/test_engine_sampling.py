@@ -49,7 +49,7 @@ def _halve(s: EngineSampler, clock: Clock, times: int) -> None:
 # ------------------------------------------------------------------ sampler rules
 def test_kept_share_is_even_and_nested() -> None:
     clock = Clock()
-    s = EngineSampler(min_engines=1, clock=clock, cpu_clock=idle, worker_clock=idle)
+    s = EngineSampler(min_engines=1, clock=clock, cpu_clock=idle)
     engines = [_src(f"e{i}") for i in range(4000)]
     kept: list[set[str]] = []
     for halvings in range(4):
@@ -66,9 +66,7 @@ def test_kept_share_is_even_and_nested() -> None:
 
 def test_every_configuration_keeps_its_floor() -> None:
     clock = Clock()
-    s = EngineSampler(
-        min_engines=2, min_share=1 / 64, clock=clock, cpu_clock=idle, worker_clock=idle
-    )
+    s = EngineSampler(min_engines=2, min_share=1 / 64, clock=clock, cpu_clock=idle)
     groups = {f"model{g}": [_src(f"g{g}-e{i}", f"model{g}") for i in range(3)] for g in range(60)}
     _halve(s, clock, 10)
     assert s.share == 1 / 64
@@ -84,7 +82,7 @@ def test_every_configuration_keeps_its_floor() -> None:
 
 def test_kv_streams_follow_their_engines_spans() -> None:
     clock = Clock()
-    s = EngineSampler(min_engines=1, clock=clock, cpu_clock=idle, worker_clock=idle)
+    s = EngineSampler(min_engines=1, clock=clock, cpu_clock=idle)
     engines = [_src(f"e{i}") for i in range(300)]
     _halve(s, clock, 3)
     for e in engines:  # their spans arrive (and register them)
@@ -103,7 +101,6 @@ def test_share_halves_only_while_the_backlog_rises_and_recovers_when_calm() -> N
         up_hold_s=60.0,
         clock=clock,
         cpu_clock=idle,
-        worker_clock=idle,
     )
     clock.t = 1.0
     assert s.update(0.7, 1 / 32) == 0.5
@@ -137,44 +134,43 @@ def test_share_halves_only_while_the_backlog_rises_and_recovers_when_calm() -> N
     assert s.update(0.05, 1.0) == 1.0  # never above 1
 
 
-def test_cpu_saturation_halves_the_share_once_learning_is_at_its_floor() -> None:
-    """With the queue short, a daemon using a whole core while step learning is at its
-    floor is behind in its receivers: the share halves, once per measured second after
-    each change has settled, while the worker's own CPU is worth halving; it recovers
-    only with the CPU at most half of ``cpu_high``."""
-    clock, cpu, worker = Clock(), Clock(), Clock()
+def test_full_receivers_halve_the_share_once_learning_is_at_its_floor() -> None:
+    """With the queue short, receivers whose worker pool is full most of the time while
+    step learning is at its floor are behind: the share halves, once per measured second
+    after each change has settled. It recovers only with the CPU at most half of
+    ``cpu_high`` (doubling the share at most doubles it)."""
+    clock, cpu = Clock(), Clock()
+    full = [0.0]
     s = EngineSampler(
         cpu_high=0.9,
         step_floor=1 / 32,
         up_hold_s=10.0,
         clock=clock,
         cpu_clock=cpu,
-        worker_clock=worker,
+        receivers_full=lambda: full[0],
     )
 
-    def second(busy: float, ratio: float, worker_busy: float = 0.5) -> float:
+    def second(pool_full: float, ratio: float, busy: float = 0.97) -> float:
         clock.t += 1.0
         cpu.t += busy
-        worker.t += worker_busy
+        full[0] = pool_full
         return s.update(0.05, ratio)
 
-    assert [second(0.97, 0.25) for _ in range(5)] == [1.0] * 5  # steps still sheddable
-    assert [second(0.5, 1 / 32) for _ in range(5)] == [1.0] * 5  # at the floor, CPU to spare
-    shares = [second(0.97, 1 / 32) for _ in range(14)]
+    assert [second(0.9, 0.25) for _ in range(5)] == [1.0] * 5  # steps still sheddable
+    assert [second(0.3, 1 / 32) for _ in range(5)] == [1.0] * 5  # busy, not behind
+    shares = [second(0.9, 1 / 32) for _ in range(14)]
     # halvings 6 s apart: seconds starting within cpu_settle_s (5) of a change don't count
     assert shares == [0.5] * 6 + [0.25] * 6 + [0.125] * 2
-    # the CPU is all receiving (the worker uses 0.1 of a core): halving would not help
-    assert {second(0.97, 1 / 32, worker_busy=0.1) for _ in range(20)} == {0.125}
-    # calm queue, learning back at half, but the CPU at 0.6 (> 0.45): no recovery
-    assert {second(0.6, 0.6) for _ in range(30)} == {0.125}
+    # calm queue and pool, learning back at half, but the CPU at 0.6 (> 0.45): no recovery
+    assert {second(0.0, 0.6, busy=0.6) for _ in range(30)} == {0.125}
     # with the CPU at 0.3, after up_hold_s: doubles
-    assert second(0.3, 0.6) == 0.125
-    assert [second(0.3, 0.6) for _ in range(11)][-1] == 0.25
+    assert second(0.0, 0.6, busy=0.3) == 0.125
+    assert [second(0.0, 0.6, busy=0.3) for _ in range(11)][-1] == 0.25
 
 
 def test_share_stops_at_min_share() -> None:
     clock = Clock()
-    s = EngineSampler(min_share=1 / 8, clock=clock, cpu_clock=idle, worker_clock=idle)
+    s = EngineSampler(min_share=1 / 8, clock=clock, cpu_clock=idle)
     _halve(s, clock, 10)
     assert s.share == 1 / 8
 
@@ -189,7 +185,6 @@ def test_idle_engines_leave_the_floor() -> None:
         idle_s=100.0,
         clock=clock,
         cpu_clock=idle,
-        worker_clock=idle,
     )
     members = sorted(
         (_src(f"e{i}") for i in range(40)), key=lambda m: engine_hash(str(m.get("coeffd.engine")))
@@ -213,7 +208,7 @@ def test_concurrent_receivers_and_worker() -> None:
     """Receiver threads registering and consulting while the worker steers and expires:
     no exception, and the decision for an engine is the same whichever thread asks."""
     clock = Clock()
-    s = EngineSampler(min_engines=1, idle_s=0.5, clock=clock, cpu_clock=idle, worker_clock=idle)
+    s = EngineSampler(min_engines=1, idle_s=0.5, clock=clock, cpu_clock=idle)
     errors: list[BaseException] = []
     stop = threading.Event()
 
@@ -297,7 +292,7 @@ def _learn_fleet(fleet: list[bytes], tmp: Path, overload: bool) -> tuple[Learnin
     )
     consumer, _ = build_consumer(settings, CollectorRegistry(), live=False)
     clock = Clock()
-    consumer.sampler = EngineSampler(min_engines=2, clock=clock, cpu_clock=idle, worker_clock=idle)
+    consumer.sampler = EngineSampler(min_engines=2, clock=clock, cpu_clock=idle)
     dec = Decoder()
     dec.source_filter = consumer.sampler.keep
     consumer.decoders.append(dec)
