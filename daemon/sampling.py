@@ -20,17 +20,18 @@ Rules:
   ``min_engines`` lowest-hash engines seen within ``idle_s``: no configuration stops
   learning, however small its share of the fleet;
 * the share halves (at most once per ``down_hold_s``) while the backlog is at or above
-  ``high`` and still rising, or while step learning is at its floor and the receivers'
-  worker pool is full half of the time: then the receivers, not the queue, fall behind
-  (requests wait before they are read), since they share one interpreter with the
-  pipeline worker;
+  ``high`` and still rising, or while step learning is at its floor and either the
+  receivers' worker pool is full half of the time or the daemon uses ``cpu_high`` of a
+  core (with the worker using at least 0.2 of one, so that halving frees something):
+  then the receivers, not the queue, fall behind (requests wait before they are read),
+  since they share one interpreter with the pipeline worker;
 * it doubles once the backlog has stayed at or below ``low``, with step learning at half
   or more and the CPU at most ``cpu_high / 2``, for ``up_hold_s``. Slow to add engines
   back, because an engine taken on mid-stream yields no observations for a window.
 
 >>> from receivers.kv.subscriber import source_from_attributes as src
 >>> clock = iter(range(0, 10_000, 2)).__next__
->>> s = EngineSampler(min_engines=1, clock=clock, cpu_clock=lambda: 0.0)
+>>> s = EngineSampler(min_engines=1, clock=clock, cpu_clock=lambda: 0.0, worker_clock=lambda: 0.0)
 >>> engines = [src({"coeffd.model": "m", "coeffd.engine": f"e{i}"}) for i in range(400)]
 >>> sum(map(s.keep, engines))                    # everything while not behind
 400
@@ -63,6 +64,7 @@ _MAX_SOURCES = 100_000  # sources come from the network: bound the per-source ca
 #: Receivers' pool full this share of a second: requests wait before they are read.
 #: Half: a pool that is full now and then is busy, one full most of the time is behind.
 _FULL_SHARE = 0.5
+_MIN_WORKER_CPU = 0.2  # CPU-seconds/s of the worker below which halving frees too little
 
 _Group = tuple[tuple[str, AttrValue], ...]
 #: The resource attributes that name a configuration (not its engine or process).
@@ -104,13 +106,13 @@ class EngineSampler:
         An engine not heard from for this long leaves its configuration's floor.
     cpu_high
         The daemon's CPU (seconds per second, all threads; one Python process is
-        GIL-bound at about one core): the share recovers only at or below half of it,
-        since doubling the share at most doubles the CPU.
+        GIL-bound at about one core) that counts as saturated; the share recovers only
+        at or below half of it, since doubling the share at most doubles the CPU.
     step_floor
         The step-learning share that means "nothing more to shed" (``shed_min_keep``).
     cpu_settle_s
-        The receivers' pool is judged only on seconds that start this long after a change
-        of share.
+        The receivers' pool and the CPU are judged only on seconds that start this long
+        after a change of share.
     receivers_full
         The share of the time since its last call that the receivers' worker pool was
         full (``Occupancy.full_share``); ``None``: the queue alone steers.
@@ -131,6 +133,7 @@ class EngineSampler:
         cpu_settle_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         cpu_clock: Callable[[], float] = time.process_time,
+        worker_clock: Callable[[], float] = time.thread_time,
         receivers_full: Callable[[], float] | None = None,
     ) -> None:
         if not 0.0 <= low < high <= 1.0:
@@ -141,7 +144,7 @@ class EngineSampler:
         self.min_engines = min_engines
         self.down_hold_s, self.up_hold_s, self.idle_s = down_hold_s, up_hold_s, idle_s
         self.cpu_high, self.step_floor, self.cpu_settle_s = cpu_high, step_floor, cpu_settle_s
-        self._clock, self._cpu_clock = clock, cpu_clock
+        self._clock, self._cpu_clock, self._worker_clock = clock, cpu_clock, worker_clock
         #: share of the time the receivers' worker pool was full since the last call
         #: (:class:`receivers.occupancy.Occupancy`), wired by the app
         self.receivers_full = receivers_full
@@ -161,9 +164,11 @@ class EngineSampler:
         self._next_expiry = now + idle_s / 4
         #: CPU seconds per second over the last whole second (all threads)
         self.cpu = 0.0
+        #: the same for the thread calling :meth:`update` (the pipeline worker)
+        self.worker_cpu = 0.0
         #: share of the last whole second the receivers' pool was full
         self.full = 0.0
-        self._cpu_since = (now, cpu_clock())
+        self._cpu_since = (now, cpu_clock(), worker_clock())
         self._cpu_current = False  # measured wholly after the last change had settled
 
     # ------------------------------------------------------------ receivers' threads
@@ -187,7 +192,15 @@ class EngineSampler:
         now = self._clock()
         self._measure_cpu(now)
         receivers_behind = (
-            self._cpu_current and self.full >= _FULL_SHARE and step_ratio <= self.step_floor
+            self._cpu_current
+            and step_ratio <= self.step_floor
+            and (
+                self.full >= _FULL_SHARE
+                # a saturated core: someone is late, and the queue says it is not the
+                # worker. Halving frees about half of the worker's CPU: worth it only
+                # while that is sizeable (the rest is receiving, which all engines cost)
+                or (self.cpu >= self.cpu_high and self.worker_cpu >= _MIN_WORKER_CPU)
+            )
         )
         if backlog >= self.high or receivers_behind:
             self._calm_since = None
@@ -210,12 +223,12 @@ class EngineSampler:
         return self.share
 
     def _measure_cpu(self, now: float) -> None:
-        t0, c0 = self._cpu_since
+        t0, c0, w0 = self._cpu_since
         if now - t0 >= 1.0:
-            c = self._cpu_clock()
-            self.cpu = (c - c0) / (now - t0)
+            c, w = self._cpu_clock(), self._worker_clock()
+            self.cpu, self.worker_cpu = (c - c0) / (now - t0), (w - w0) / (now - t0)
             self.full = self.receivers_full() if self.receivers_full is not None else 0.0
-            self._cpu_since = (now, c)
+            self._cpu_since = (now, c, w)
             # settled: after a change the worker still works off the queue and the join
             # window it left for a while, at full CPU
             self._cpu_current = t0 >= self._changed + self.cpu_settle_s

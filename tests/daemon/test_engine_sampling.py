@@ -49,7 +49,7 @@ def _halve(s: EngineSampler, clock: Clock, times: int) -> None:
 # ------------------------------------------------------------------ sampler rules
 def test_kept_share_is_even_and_nested() -> None:
     clock = Clock()
-    s = EngineSampler(min_engines=1, clock=clock, cpu_clock=idle)
+    s = EngineSampler(min_engines=1, clock=clock, cpu_clock=idle, worker_clock=idle)
     engines = [_src(f"e{i}") for i in range(4000)]
     kept: list[set[str]] = []
     for halvings in range(4):
@@ -66,7 +66,9 @@ def test_kept_share_is_even_and_nested() -> None:
 
 def test_every_configuration_keeps_its_floor() -> None:
     clock = Clock()
-    s = EngineSampler(min_engines=2, min_share=1 / 64, clock=clock, cpu_clock=idle)
+    s = EngineSampler(
+        min_engines=2, min_share=1 / 64, clock=clock, cpu_clock=idle, worker_clock=idle
+    )
     groups = {f"model{g}": [_src(f"g{g}-e{i}", f"model{g}") for i in range(3)] for g in range(60)}
     _halve(s, clock, 10)
     assert s.share == 1 / 64
@@ -82,7 +84,7 @@ def test_every_configuration_keeps_its_floor() -> None:
 
 def test_kv_streams_follow_their_engines_spans() -> None:
     clock = Clock()
-    s = EngineSampler(min_engines=1, clock=clock, cpu_clock=idle)
+    s = EngineSampler(min_engines=1, clock=clock, cpu_clock=idle, worker_clock=idle)
     engines = [_src(f"e{i}") for i in range(300)]
     _halve(s, clock, 3)
     for e in engines:  # their spans arrive (and register them)
@@ -101,6 +103,7 @@ def test_share_halves_only_while_the_backlog_rises_and_recovers_when_calm() -> N
         up_hold_s=60.0,
         clock=clock,
         cpu_clock=idle,
+        worker_clock=idle,
     )
     clock.t = 1.0
     assert s.update(0.7, 1 / 32) == 0.5
@@ -168,9 +171,28 @@ def test_full_receivers_halve_the_share_once_learning_is_at_its_floor() -> None:
     assert [second(0.0, 0.6, busy=0.3) for _ in range(11)][-1] == 0.25
 
 
+def test_a_saturated_core_halves_the_share_while_the_worker_costs_enough() -> None:
+    """With the pool not full (the gRPC poller itself may be starved) but the core
+    saturated at the step floor, the share halves while the worker's own CPU is worth
+    halving; once the CPU is mostly receiving, it rests."""
+    clock, cpu, worker = Clock(), Clock(), Clock()
+    s = EngineSampler(cpu_high=0.9, clock=clock, cpu_clock=cpu, worker_clock=worker)
+
+    def second(busy: float, worker_busy: float, ratio: float = 1 / 32) -> float:
+        clock.t += 1.0
+        cpu.t += busy
+        worker.t += worker_busy
+        return s.update(0.05, ratio)
+
+    assert {second(0.97, 0.5, ratio=0.3) for _ in range(8)} == {1.0}  # steps sheddable
+    assert {second(0.8, 0.5) for _ in range(8)} == {1.0}  # core not saturated
+    assert [second(0.97, 0.5) for _ in range(7)] == [0.5] * 6 + [0.25]
+    assert {second(0.97, 0.1) for _ in range(20)} == {0.25}  # the worker costs little
+
+
 def test_share_stops_at_min_share() -> None:
     clock = Clock()
-    s = EngineSampler(min_share=1 / 8, clock=clock, cpu_clock=idle)
+    s = EngineSampler(min_share=1 / 8, clock=clock, cpu_clock=idle, worker_clock=idle)
     _halve(s, clock, 10)
     assert s.share == 1 / 8
 
@@ -185,6 +207,7 @@ def test_idle_engines_leave_the_floor() -> None:
         idle_s=100.0,
         clock=clock,
         cpu_clock=idle,
+        worker_clock=idle,
     )
     members = sorted(
         (_src(f"e{i}") for i in range(40)), key=lambda m: engine_hash(str(m.get("coeffd.engine")))
@@ -208,7 +231,7 @@ def test_concurrent_receivers_and_worker() -> None:
     """Receiver threads registering and consulting while the worker steers and expires:
     no exception, and the decision for an engine is the same whichever thread asks."""
     clock = Clock()
-    s = EngineSampler(min_engines=1, idle_s=0.5, clock=clock, cpu_clock=idle)
+    s = EngineSampler(min_engines=1, idle_s=0.5, clock=clock, cpu_clock=idle, worker_clock=idle)
     errors: list[BaseException] = []
     stop = threading.Event()
 
@@ -292,7 +315,7 @@ def _learn_fleet(fleet: list[bytes], tmp: Path, overload: bool) -> tuple[Learnin
     )
     consumer, _ = build_consumer(settings, CollectorRegistry(), live=False)
     clock = Clock()
-    consumer.sampler = EngineSampler(min_engines=2, clock=clock, cpu_clock=idle)
+    consumer.sampler = EngineSampler(min_engines=2, clock=clock, cpu_clock=idle, worker_clock=idle)
     dec = Decoder()
     dec.source_filter = consumer.sampler.keep
     consumer.decoders.append(dec)
