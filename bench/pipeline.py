@@ -104,7 +104,7 @@ def run_variant(name: str, bodies: list[Body], warm_s: float, tmp: Path) -> tupl
         joiner.step_filter = dec.step_filter
         handle = joiner.push_many
         tick = lambda now: joiner.tick(int(now * 1e9))  # noqa: E731
-    else:
+    elif name != "decode":
         settings = load_settings(
             overrides={
                 "publish": {"snapshot_dir": str(tmp / "snapshots")},
