@@ -20,7 +20,7 @@ Rules:
   ``min_engines`` lowest-hash engines seen within ``idle_s``: no configuration stops
   learning, however small its share of the fleet;
 * the share halves (at most once per ``down_hold_s``) while the backlog is at or above
-  ``high`` and still rising, or while step learning is at its floor and either the
+  ``high`` and still rising, or while step learning stays at its floor and either the
   receivers' worker pool is full half of the time or the daemon uses ``cpu_high`` of a
   core (with the worker using at least 0.2 of one, so that halving frees something):
   then the receivers, not the queue, fall behind (requests wait before they are read),
@@ -169,6 +169,8 @@ class EngineSampler:
         #: share of the last whole second the receivers' pool was full
         self.full = 0.0
         self._cpu_since = (now, cpu_clock(), worker_clock())
+        self._ratio_peak = 0.0  # highest step-learning share seen this second
+        self._floor_held = False  # it stayed at the floor for the whole last second
         self._cpu_current = False  # measured wholly after the last change had settled
 
     # ------------------------------------------------------------ receivers' threads
@@ -190,9 +192,13 @@ class EngineSampler:
     def update(self, backlog: float, step_ratio: float) -> float:
         """Steer the share from the backlog, the step-learning share and the CPU."""
         now = self._clock()
+        self._ratio_peak = max(self._ratio_peak, step_ratio)
         self._measure_cpu(now)
         receivers_behind = (
             self._cpu_current
+            # at the floor for the whole measured second, not in a dip: a saturated core
+            # while learning still takes more than its floor now and then is just busy
+            and self._floor_held
             and step_ratio <= self.step_floor
             and (
                 self.full >= _FULL_SHARE
@@ -228,6 +234,7 @@ class EngineSampler:
             c, w = self._cpu_clock(), self._worker_clock()
             self.cpu, self.worker_cpu = (c - c0) / (now - t0), (w - w0) / (now - t0)
             self.full = self.receivers_full() if self.receivers_full is not None else 0.0
+            self._floor_held, self._ratio_peak = self._ratio_peak <= self.step_floor, 0.0
             self._cpu_since = (now, c, w)
             # settled: after a change the worker still works off the queue and the join
             # window it left for a while, at full CPU

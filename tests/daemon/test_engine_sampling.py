@@ -186,6 +186,13 @@ def test_a_saturated_core_halves_the_share_while_the_worker_costs_enough() -> No
 
     assert {second(0.97, 0.5, ratio=0.3) for _ in range(8)} == {1.0}  # steps sheddable
     assert {second(0.8, 0.5) for _ in range(8)} == {1.0}  # core not saturated
+    # learning dips to its floor within each second but not for a whole one: busy
+    for _ in range(8):
+        for ratio in (0.2, 1 / 32):
+            clock.t += 0.5
+            cpu.t += 0.5
+            worker.t += 0.3
+            assert s.update(0.05, ratio) == 1.0
     assert [second(0.97, 0.5) for _ in range(7)] == [0.5] * 6 + [0.25]
     assert {second(0.97, 0.1) for _ in range(20)} == {0.25}  # the worker costs little
 
