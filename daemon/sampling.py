@@ -53,13 +53,12 @@ import time
 import zlib
 from collections.abc import Callable
 
+from daemon.shedding import share_limit, spread
 from learners.features.config import ATTRIBUTE_PREFIX, ServingConfig, engine_identity
 from receivers.records import AttrValue, Source
 
 __all__ = ["EngineSampler"]
 
-_GOLDEN = 0x9E3779B1
-_MASK = 0xFFFFFFFF
 _MAX_SOURCES = 100_000  # sources come from the network: bound the per-source cache
 #: Receivers' pool full this share of a second: requests wait before they are read.
 #: Half: a pool that is full now and then is busy, one full most of the time is behind.
@@ -73,7 +72,7 @@ _CONFIG_KEYS = frozenset(ATTRIBUTE_PREFIX + f.name for f in dataclasses.fields(S
 
 def engine_hash(engine: str) -> int:
     """A 32-bit hash of an engine identity, stable across processes (str hashes are salted)."""
-    return (zlib.crc32(engine.encode()) * _GOLDEN) & _MASK
+    return spread(zlib.crc32(engine.encode()))
 
 
 def config_group(source: Source) -> _Group:
@@ -149,7 +148,7 @@ class EngineSampler:
         #: (:class:`receivers.occupancy.Occupancy`), wired by the app
         self.receivers_full = receivers_full
         self.share = 1.0
-        self._limit = _MASK + 1
+        self._limit = share_limit(1.0)
         self._floor: frozenset[str] = frozenset()
         self._lock = threading.Lock()
         self._info: dict[Source, tuple[str, int]] = {}  # source → (engine, hash)
@@ -244,14 +243,14 @@ class EngineSampler:
         """(engines kept, engines heard from within ``idle_s``)."""
         limit, floor = self._limit, self._floor
         with self._lock:
-            known = list(self._group_of)
-        kept = sum(1 for e in known if engine_hash(e) < limit or e in floor)
-        return kept, len(known)
+            hashes = [(e, h) for members in self._groups.values() for e, h in members.items()]
+        kept = sum(1 for e, h in hashes if h < limit or e in floor)
+        return kept, len(hashes)
 
     # ------------------------------------------------------------ internals
     def _set(self, share: float, now: float, backlog: float) -> None:
         self.share = share
-        self._limit = _MASK + 1 if share >= 1.0 else int(share * (_MASK + 1))
+        self._limit = share_limit(share)
         self._changed, self._backlog_at_change = now, backlog
         self._cpu_current = False
 

@@ -45,10 +45,21 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["LoadShedder"]
+__all__ = ["LoadShedder", "share_limit", "spread"]
 
 _GOLDEN = 0x9E3779B1  # 2^32 / φ: consecutive step ids land far apart in [0, 2^32)
 _MASK = 0xFFFFFFFF
+
+
+def spread(key: int) -> int:
+    """``key`` spread over [0, 2^32) by the golden ratio: consecutive keys land far apart,
+    so keeping those below :func:`share_limit` keeps an even share of them."""
+    return (key * _GOLDEN) & _MASK
+
+
+def share_limit(share: float) -> int:
+    """The bound below which a :func:`spread` key is kept at ``share`` (every key at 1)."""
+    return int(share * (_MASK + 1))
 
 
 class LoadShedder:
@@ -83,7 +94,7 @@ class LoadShedder:
         self.tick_budget_s = tick_budget_s
         self.ratio = 1.0
         self._tick_share = 1.0
-        self._limit = _MASK + 1
+        self._limit = share_limit(1.0)
 
     def update(self, backlog: float) -> float:
         """Set the keep ratio from the current backlog; returns it."""
@@ -95,7 +106,7 @@ class LoadShedder:
             r = 1.0 - (1.0 - self.min_keep) * (backlog - self.start) / (self.full - self.start)
         r = min(r, self._tick_share)
         self.ratio = r
-        self._limit = int(r * (_MASK + 1))
+        self._limit = share_limit(r)
         return r
 
     def observe_tick(self, seconds: float) -> None:
@@ -107,4 +118,5 @@ class LoadShedder:
 
     def keep(self, step: int) -> bool:
         """Whether step ``step``'s observation is learned at the current ratio."""
+        # spread(step), inlined: this runs for every batch summary decoded and joined
         return ((step * _GOLDEN) & _MASK) < self._limit

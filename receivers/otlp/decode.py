@@ -561,8 +561,8 @@ class Decoder:
         self._step_filter: Callable[[int], bool] | None = None
         self._scopes = _SCOPES
         #: Engine sampling: the spans of sources for which this is False are counted in
-        #: ``sampled_out`` and not decoded. Set by the learning consumer while it samples
-        #: engines (see ``daemon.sampling``); ``None`` decodes every source.
+        #: ``sampled_out`` and not decoded. The daemon wires its engine sampler's ``keep``
+        #: here (see ``daemon.sampling``); ``None`` decodes every source.
         self.source_filter: Callable[[Source], bool] | None = None
 
     @property
