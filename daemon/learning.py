@@ -507,14 +507,17 @@ class LearningConsumer:
 
     def _shed_check(self) -> None:
         """Set the shedder's share from the backlog; the decoders, the joiner and
-        :meth:`_learn` skip the steps and requests it drops."""
+        :meth:`_learn` skip the steps and requests it drops. Then steer engine sampling
+        from the backlog and that share (without a shedder, step learning is whole)."""
         if self.backlog is None:
             return
         backlog = self.backlog()
-        if self.shedder is None:
-            if self.sampler is not None:
-                self._sample_check(backlog, 1.0)
-            return
+        ratio = self._shed_steps(backlog) if self.shedder is not None else 1.0
+        if self.sampler is not None:
+            self._sample_check(self.sampler, backlog, ratio)
+
+    def _shed_steps(self, backlog: float) -> float:
+        assert self.shedder is not None
         ratio = self.shedder.update(backlog)
         self.metrics.keep_ratio.set(ratio)
         shedding = ratio < 1.0
@@ -522,8 +525,6 @@ class LearningConsumer:
         self.joiner.step_filter = keep
         for d in self.decoders:
             d.step_filter = keep
-        if self.sampler is not None:
-            self._sample_check(backlog, ratio)
         if shedding != self._shedding:
             self._shedding = shedding
             log.warning(
@@ -534,11 +535,11 @@ class LearningConsumer:
                 backlog=round(backlog, 3),
                 shed_total=self.shed,
             )
+        return ratio
 
-    def _sample_check(self, backlog: float, ratio: float) -> None:
+    def _sample_check(self, sampler: EngineSampler, backlog: float, ratio: float) -> None:
         """Steer engine sampling (the receivers consult the sampler itself)."""
-        assert self.sampler is not None
-        share = self.sampler.update(backlog, ratio)
+        share = sampler.update(backlog, ratio)
         if share == self._engine_share:
             return
         self.metrics.engine_share.set(share)
