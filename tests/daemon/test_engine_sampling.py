@@ -265,6 +265,21 @@ def test_concurrent_receivers_and_worker() -> None:
     assert s.keep(probe) == s.keep(probe) == s.keep_engine("t0-1")
 
 
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("sample_engines_min_share", 0.0),
+        ("sample_engines_min_per_config", 0),
+        ("sample_engines_cpu", -1.0),
+        ("sample_engines_recover_seconds", float("nan")),
+        ("sample_engines_at", "high"),
+    ],
+)
+def test_bad_sampling_settings_fail_naming_the_key(key: str, value: object) -> None:
+    with pytest.raises(SettingsError, match=rf"pipeline.*{key}"):
+        load_settings(overrides={"pipeline": {key: value}}, environ={})
+
+
 def test_sample_engines_at_must_be_above_shed_start() -> None:
     with pytest.raises(
         SettingsError,
