@@ -68,6 +68,36 @@ def _single(query: Query, name: str) -> str | None:
     return values[-1]
 
 
+#: Versions count snapshots (one a second at most per configuration): 15 digits outlast
+#: any deployment, and keep file names and ``int()`` far from their limits.
+MAX_VERSION_DIGITS = 15
+
+
+def parse_version(raw: str) -> int:
+    """A ``?version=`` value: ASCII decimal digits only, 1 to 15 of them, at least 1.
+
+    ``int()`` alone also takes ``"1_0"``, ``" 7"``, ``"+3"`` and Unicode digits (``"١"``),
+    and 300 digits made a file name too long for the OS (HTTP 500).
+
+    >>> parse_version("42")
+    42
+    >>> parse_version("1_0")
+    Traceback (most recent call last):
+    ...
+    ValueError: version must be a decimal integer (ASCII digits 0-9, at most 15), got '1_0'
+    """
+    if not (0 < len(raw) <= MAX_VERSION_DIGITS and raw.isascii() and raw.isdigit()):
+        shown = raw if len(raw) <= 40 else raw[:40] + "..."
+        raise ValueError(
+            f"version must be a decimal integer (ASCII digits 0-9, at most "
+            f"{MAX_VERSION_DIGITS}), got {shown!r}"
+        )
+    version = int(raw)
+    if version < 1:
+        raise ValueError(f"version must be >= 1, got {version}")
+    return version
+
+
 def list_configurations(store: SnapshotStore) -> Response:
     """``GET /v1/configurations``."""
     out = []
@@ -97,11 +127,9 @@ def get_coefficients(store: SnapshotStore, config_id: str, query: Query | None =
     version: int | None = None
     if raw_version is not None:
         try:
-            version = int(raw_version)
-        except ValueError:
-            return error(400, f"version must be an integer, got {raw_version!r}")
-        if version < 1:
-            return error(400, f"version must be >= 1, got {version}")
+            version = parse_version(raw_version)
+        except ValueError as e:
+            return error(400, str(e))
     try:
         validate_config_id(config_id)
     except InvalidConfigurationIdError:

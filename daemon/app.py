@@ -333,6 +333,10 @@ class App:
         self.router.add_route("GET", "/healthz", self._healthz)
         self.router.add_route("GET", "/readyz", self._readyz)
         self.ready = False
+        #: Named readiness checks: ``/readyz`` answers 503 naming every check that fails.
+        #: A check returns None when fine, else one line saying what is wrong. Components
+        #: add theirs with :meth:`add_readiness_check` (state writes, KV streams, threads).
+        self.readiness: dict[str, Callable[[], str | None]] = {}
         self._stop_event = threading.Event()
         self._started = False
         self._stopped = False
@@ -352,7 +356,32 @@ class App:
         return Response.text(200, "ok")
 
     def _readyz(self, req: Request) -> Response:
-        return Response.text(200, "ready") if self.ready else Response.text(503, "not ready")
+        if not self.ready:
+            return Response.text(503, "not ready")
+        failing = self.readiness_failures()
+        if failing:
+            return Response.text(503, "\n".join(f"{name}: {why}" for name, why in failing))
+        return Response.text(200, "ready")
+
+    def add_readiness_check(self, name: str, check: Callable[[], str | None]) -> None:
+        """Make ``/readyz`` fail while ``check()`` returns a reason (None = fine)."""
+        self.readiness[name] = check
+
+    def readiness_failures(self) -> list[tuple[str, str]]:
+        """(name, reason) of every failing readiness check, in the order they were added.
+
+        A check that raises counts as failing (its error is the reason) rather than
+        turning the probe into a 500.
+        """
+        out: list[tuple[str, str]] = []
+        for name, check in list(self.readiness.items()):
+            try:
+                why = check()
+            except Exception as e:  # a broken check must not break the probe
+                why = f"check failed: {e!r}"
+            if why is not None:
+                out.append((name, why))
+        return out
 
     # ---------------------------------------------------------------------- ports
     @property

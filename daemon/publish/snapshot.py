@@ -363,6 +363,9 @@ class SnapshotStore:
             data = path.read_bytes()
         except FileNotFoundError:
             return None
+        except OSError as exc:  # a name too long, a directory in the way: not a snapshot
+            log.warning("unreadable snapshot skipped", path=str(path)[:200], error=exc.strerror)
+            return None
         try:
             return decode_snapshot(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:

@@ -1,0 +1,52 @@
+"""``/readyz`` is the sum of named readiness checks; each failing one is named in the 503."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+from daemon.app import App
+from daemon.settings import Settings
+
+
+def _ready(app: App) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{app.http_port}/readyz", timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def _settings() -> Settings:
+    return Settings(
+        http={"endpoint": "127.0.0.1:0"},
+        receivers={"otlp_grpc": {"enabled": False}, "otlp_http": {"enabled": False}},
+    )
+
+
+def test_named_checks_decide_readiness() -> None:
+    problems: dict[str, str | None] = {"disk": None}
+
+    def broken() -> str | None:
+        raise RuntimeError("check itself is buggy")
+
+    with App(_settings()) as app:
+        app.add_readiness_check("disk", lambda: problems["disk"])
+        assert _ready(app) == (200, "ready\n")
+        problems["disk"] = "state dir not writable"
+        status, body = _ready(app)
+        assert status == 503 and body == "disk: state dir not writable\n"
+        app.add_readiness_check("buggy", broken)
+        status, body = _ready(app)
+        assert status == 503
+        assert body.splitlines()[0] == "disk: state dir not writable"
+        assert body.splitlines()[1].startswith("buggy: check failed: RuntimeError(")
+        problems["disk"] = None
+        del app.readiness["buggy"]
+        assert _ready(app) == (200, "ready\n")
+
+
+def test_stopping_is_not_ready() -> None:
+    with App(_settings()) as app:
+        app.ready = False  # what stop() sets first
+        assert _ready(app) == (503, "not ready\n")
