@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from learners.features.basis import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA
 
@@ -141,6 +142,9 @@ class EngineSpec:
     truth: CoefficientSchedule
     workload: Workload = field(default_factory=Workload)
     noise: Noise = field(default_factory=Noise)
+    #: How the truth was built, when it has structure (``simfleet.fleet_truth``); copied
+    #: into the truth file.
+    structure: dict[str, Any] | None = field(default=None, compare=False, hash=False)
 
 
 @dataclass(frozen=True, slots=True)

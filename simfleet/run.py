@@ -208,6 +208,7 @@ def truth_document(
                     "change_points_s": [p.t_s for p in spec.truth.points[1:]],
                 },
                 "noise": asdict(spec.noise),
+                **({"structure": spec.structure} if spec.structure else {}),
             }
         )
     return {

@@ -22,6 +22,7 @@ from simfleet.config import (
     ServingConfig,
     Workload,
 )
+from simfleet.fleet_truth import structured_truth
 
 
 def true_coefficients(key: str, t_s: float = 0.0) -> Coefficients:
@@ -183,6 +184,49 @@ def fleet(duration_s: float) -> list[EngineSpec]:
     return specs
 
 
+#: ``fleet-shared``: (name, model, GPU, TP, request rate, workload profile). Dense and MoE,
+#: H100 and A100, TP 1-4; every model family on both GPUs somewhere, so a held-out
+#: configuration always has relatives (same GPU, same family, same TP) among the rest.
+FLEET_SHARED: tuple[tuple[str, str, str, int, float, str], ...] = (
+    ("llama8b-h100-tp1", "llama-3.1-8b-instruct", "H100", 1, 5.0, "mixed"),
+    ("llama8b-a100-tp1", "llama-3.1-8b-instruct", "A100-80", 1, 3.0, "mixed"),
+    ("llama8b-h100-tp2", "llama-3.1-8b-instruct", "H100", 2, 5.0, "decode-heavy"),
+    ("llama70b-h100-tp4", "llama-3.1-70b-instruct", "H100", 4, 3.0, "mixed"),
+    ("llama70b-a100-tp4", "llama-3.1-70b-instruct", "A100-80", 4, 1.5, "decode-heavy"),
+    ("qwen7b-a100-tp2", "qwen2.5-7b-instruct", "A100-80", 2, 3.0, "prefill-heavy"),
+    ("qwen14b-h100-tp2", "qwen3-14b", "H100", 2, 4.0, "mixed"),
+    ("mixtral-h100-tp2", "mixtral-8x7b-v0.1", "H100", 2, 3.0, "mixed"),
+    ("mixtral-a100-tp4", "mixtral-8x7b-v0.1", "A100-80", 4, 2.0, "mixed"),
+    ("qwen3moe-h100-tp1", "qwen3-30b-a3b", "H100", 1, 4.0, "decode-heavy"),
+    ("qwen3moe-a100-tp2", "qwen3-30b-a3b", "A100-80", 2, 3.0, "mixed"),
+    ("dsv2lite-a100-tp1", "deepseek-v2-lite", "A100-80", 1, 3.0, "prefill-heavy"),
+)
+
+
+def fleet_shared_engine(
+    name: str, model: str, gpu: str, tp: int, rate: float = 3.0, profile: str = "mixed"
+) -> EngineSpec:
+    """One engine of ``fleet-shared``: structured truth (``simfleet.fleet_truth``)."""
+    sc = ServingConfig(model=model, gpu=gpu, tp=tp, max_num_batched_tokens=2048)
+    coeffs, structure = structured_truth(f"{model}/{gpu}/tp{tp}", model, gpu, tp)
+    return EngineSpec(
+        f"shared-{name}",
+        sc,
+        CoefficientSchedule((coeffs,)),
+        Workload(rate_per_s=rate, profile=profile),
+        Noise(),
+        structure=structure,
+    )
+
+
+def fleet_shared(duration_s: float) -> list[EngineSpec]:
+    """12 configurations whose true coefficients share structure (per-GPU efficiency,
+    per-family overheads, TP communication efficiency) plus a ±3 % idiosyncrasy: the
+    scenario on which a fleet model and predictions for unseen configurations are judged
+    (``bench fleet``). See :mod:`simfleet.fleet_truth`."""
+    return [fleet_shared_engine(*row) for row in FLEET_SHARED]
+
+
 def overload(duration_s: float) -> list[EngineSpec]:
     """Arrivals well above capacity into a small KV pool: long queues, preemptions."""
     return [
@@ -212,6 +256,7 @@ SCENARIOS: dict[str, Callable[[float], list[EngineSpec]]] = {
     "abrupt-drift": abrupt_drift,
     "gradual-drift": gradual_drift,
     "fleet": fleet,
+    "fleet-shared": fleet_shared,
     "overload": overload,
 }
 
