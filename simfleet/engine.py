@@ -70,6 +70,7 @@ class Req:
     cpu_stored: int = 0
     api_span: Any = None
     core_span: Any = None
+    first_response_ns: int = 0  # first token delivered to the client (TTFT end)
 
     @property
     def num_out(self) -> int:
@@ -149,6 +150,7 @@ class Engine:
         kv_source: dict[str, Any] | None = None,
         record_steps: bool = False,
         check_invariants: bool = False,
+        record_latencies: bool = False,
     ) -> None:
         sc = spec.serving
         self.spec = spec
@@ -201,6 +203,9 @@ class Engine:
         self.check = check_invariants
         self.steps: list[StepRecord] = []
         self.finished_reqs: list[Req] = []  # kept only with record_steps (memory)
+        #: (arrival index, arrival, first response, departure) ns of every finished
+        #: request, only with ``record_latencies`` (the closed loop's TTFT and E2E)
+        self.latencies: list[tuple[int, int, int, int]] | None = [] if record_latencies else None
         self.num_finished = 0
         self.num_preemptions = 0
         self.num_aborted = 0
@@ -791,6 +796,7 @@ class Engine:
             if r.num_out == 1:
                 self._journey(r, "FIRST_TOKEN", tev, b.step)
                 t_resp = tev + int(c.alpha[2] * self._lognorm(nz.alpha_sigma) * US)
+                r.first_response_ns = t_resp
                 if em is not None and r.api_span is not None and r.arr.stream:
                     self._later(
                         t_resp,
@@ -845,6 +851,8 @@ class Engine:
         chat = r.arr.route == "/v1/chat/completions"
         t_first = t + int(c.alpha[2] * self._lognorm(nz.alpha_sigma) * US)
         t_dep = t + int(c.alpha[1] * self._lognorm(nz.alpha_sigma) * US)
+        if self.latencies is not None:
+            self.latencies.append((r.arr.index, r.arr.t_ns, r.first_response_ns, t_dep))
         if em is not None and r.api_span is not None:
             span = r.api_span
             if chat and not r.arr.stream:

@@ -257,6 +257,7 @@ def run(
     max_events: int = 128,
     drain_s: float = 30.0,
     record_steps: bool = False,
+    record_latencies: bool = False,
     check_invariants: bool = False,
     stop: threading.Event | None = None,
 ) -> RunResult:
@@ -335,6 +336,7 @@ def run(
             kv_source=resource_attributes(spec, "engine_core", i),
             record_steps=record_steps,
             check_invariants=check_invariants,
+            record_latencies=record_latencies,
         )
         engines.append(eng)
     if owned_kv:

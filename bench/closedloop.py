@@ -1,0 +1,480 @@
+"""The closed loop: judge published coefficients as a BLIS user will, in TTFT and E2E.
+
+``python -m bench closedloop [--quick] [--scenario dense|moe] [--sync] [--duration 600]
+[--seeds 1,2]``
+
+For each seed, one serving configuration with simfleet's known true coefficients:
+
+1. **Learn**: an in-process ``coeffd serve`` (:func:`daemon.commands.serve.build_app`,
+   real OTLP/gRPC receiver, real HTTP API) is fed by simfleet over the wire for
+   ``duration_s`` simulated seconds at the learning load, once per sampling
+   (vLLM's default 1.0 / 0.01 / 0.001, and every step); the coefficients are then taken
+   the way ``coeffd pull --format json`` takes them (same code, over HTTP).
+2. **Serve**: simfleet's engine serves one seeded workload (same arrivals, same prompt
+   and output lengths) at a low, a medium and a near-saturation load — a fraction of the
+   configuration's capacity, measured in the same run — once with the true coefficients,
+   once with each pulled vector and once with BLIS's shipped defaults. These runs are
+   noise-free (no step noise, no stalls, no API-delay noise): BLIS simulates the mean
+   physics, so any difference from the truth run is the coefficients' doing.
+3. **Report**: mean / p50 / p99 TTFT (arrival → first response) and E2E
+   (arrival → departure) of each run relative to the truth run, over the requests that
+   arrived after a warm-up (10 % of the run) and finished in every run.
+
+Targets (issue 15, every-step sampling, 600 simulated s): |mean|, |p99| TTFT and E2E
+within 1 % of the truth below saturation. The default sampling rows are reported beside
+them (issue 14 judges learning at default sampling with :func:`run`).
+
+Library use::
+
+    from bench.closedloop import run, DEFAULT_RATES, DENSE_RATES
+    res = run(scenario="moe", sample_rates={"default": DEFAULT_RATES},
+              async_scheduling=False, duration_s=300, seeds=(1, 2))
+    res.worst("default", "mean_e2e", loads=("low", "medium"))  # worst |relative diff|
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import structlog
+
+from simfleet import (
+    BLIS_ALPHA,
+    BLIS_BETA,
+    Coefficients,
+    CoefficientSchedule,
+    EngineSpec,
+    Noise,
+    SampleRates,
+    ServingConfig,
+    Workload,
+)
+from simfleet import (
+    run as simulate,
+)
+from simfleet.scenarios import true_coefficients
+
+DEFAULT_RATES = SampleRates(1.0, 0.01, 0.001, 100)  # vLLM's defaults (spec §3)
+DENSE_RATES = SampleRates(1.0, 1.0, 0.001, 100)  # every step summarized
+NOISELESS = Noise(sigma=0.0, stall_rate=0.0, stall_us=0.0, alpha_sigma=0.0, kv_sigma=0.0)
+#: serving loads as fractions of the configuration's measured capacity
+LOADS: dict[str, float] = {"low": 0.3, "medium": 0.6, "near_saturation": 0.85}
+METRICS: tuple[str, ...] = ("mean_ttft", "p50_ttft", "p99_ttft", "mean_e2e", "p50_e2e", "p99_e2e")
+TARGET = 0.01  # |relative difference| below saturation, every-step sampling
+
+#: Configurations the closed loop knows: (serving, workload of the learning run).
+CONFIGURATIONS: dict[str, ServingConfig] = {
+    "dense": ServingConfig(model="llama-3.1-8b-instruct", gpu="H100", tp=1),
+    "moe": ServingConfig(model="mixtral-8x7b-v0.1", gpu="H100", tp=2),
+}
+
+
+@dataclass(frozen=True)
+class Latency:
+    """TTFT and E2E statistics of one serving run, µs, over the matched requests."""
+
+    requests: int
+    mean_ttft: float
+    p50_ttft: float
+    p99_ttft: float
+    mean_e2e: float
+    p50_e2e: float
+    p99_e2e: float
+
+    def relative_to(self, truth: Latency) -> dict[str, float]:
+        """(this − truth) / truth for every statistic."""
+        return {m: getattr(self, m) / getattr(truth, m) - 1.0 for m in METRICS}
+
+
+@dataclass(frozen=True)
+class Pulled:
+    """The vector one learning run published, as ``coeffd pull`` returned it."""
+
+    alpha: tuple[float, ...]
+    beta: tuple[float, ...]
+    version: int
+    observations: int
+    unidentified: tuple[str, ...]
+    learn_wall_s: float
+    snapshot: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class LoadResult:
+    """One serving load: the truth run and each other run relative to it."""
+
+    load: str
+    fraction: float
+    rate_per_s: float
+    truth: Latency
+    runs: dict[str, Latency]  # "blis_default" and one per sampling name
+
+    @property
+    def diffs(self) -> dict[str, dict[str, float]]:
+        return {name: lat.relative_to(self.truth) for name, lat in self.runs.items()}
+
+
+@dataclass
+class SeedResult:
+    seed: int
+    capacity_per_s: float
+    truth: Coefficients
+    pulled: dict[str, Pulled]
+    loads: list[LoadResult]
+
+
+@dataclass
+class ClosedLoopResult:
+    """Everything :func:`run` measured; :meth:`worst` condenses it for targets."""
+
+    scenario: str
+    async_scheduling: bool
+    duration_s: float
+    serve_duration_s: float
+    seeds: list[SeedResult]
+
+    def diff(self, seed: int, load: str, run_name: str, metric: str) -> float:
+        for s in self.seeds:
+            if s.seed == seed:
+                for lr in s.loads:
+                    if lr.load == load:
+                        return lr.diffs[run_name][metric]
+        raise KeyError((seed, load))
+
+    def worst(self, run_name: str, metric: str, loads: Sequence[str] = ("low", "medium")) -> float:
+        """Largest |relative difference| of ``metric`` over seeds and ``loads``."""
+        vals = [
+            abs(lr.diffs[run_name][metric])
+            for s in self.seeds
+            for lr in s.loads
+            if lr.load in loads and run_name in lr.runs
+        ]
+        return max(vals) if vals else math.nan
+
+
+# ---------------------------------------------------------------------------- serving
+
+
+def engine_spec(
+    scenario: str, async_scheduling: bool = True, rate_per_s: float = 6.0
+) -> EngineSpec:
+    """The configuration's engine with its true coefficients (simfleet's recipe)."""
+    try:
+        sc = CONFIGURATIONS[scenario]
+    except KeyError:
+        raise ValueError(
+            f"unknown closed-loop scenario {scenario!r}; known: {', '.join(CONFIGURATIONS)}"
+        ) from None
+    sc = replace(sc, async_scheduling=async_scheduling)
+    key = f"closedloop/{sc.model}/{sc.gpu}/tp{sc.tp}"
+    return EngineSpec(
+        f"closedloop-{scenario}",
+        sc,
+        CoefficientSchedule((true_coefficients(key),)),
+        Workload(rate_per_s=rate_per_s, profile="mixed"),
+    )
+
+
+def with_coefficients(
+    spec: EngineSpec, alpha: Sequence[float], beta: Sequence[float], rate_per_s: float
+) -> EngineSpec:
+    """``spec`` serving at ``rate_per_s``, noise-free, with these α/β (KV transfer
+    physics stays the truth's: BLIS does not model it)."""
+    t = spec.truth.points[0]
+    c = Coefficients(
+        0.0, (alpha[0], alpha[1], alpha[2]), tuple(beta), t.kv_base_us, t.kv_bytes_per_us
+    )
+    return replace(
+        spec,
+        truth=CoefficientSchedule((c,)),
+        noise=NOISELESS,
+        workload=replace(spec.workload, rate_per_s=rate_per_s),
+    )
+
+
+def serve(spec: EngineSpec, duration_s: float, seed: int) -> dict[int, tuple[int, int, int]]:
+    """Serve ``spec``'s workload; arrival index → (arrival, first response, departure) ns.
+
+    Arrivals stop at ``duration_s``; the engine then drains for up to ``duration_s`` more
+    so a slow coefficient set still finishes the same requests."""
+    res = simulate([spec], duration_s, seed, telemetry=False, drain_s=duration_s,
+                   record_latencies=True)  # fmt: skip
+    lat = res.engines[0].latencies or []
+    return {i: (a, f, d) for i, a, f, d in lat}
+
+
+def latency(runs: dict[int, tuple[int, int, int]], keys: Sequence[int]) -> Latency:
+    """Statistics over the requests ``keys`` (µs)."""
+    a = np.array([runs[k] for k in keys], dtype=np.float64)
+    ttft = (a[:, 1] - a[:, 0]) / 1e3
+    e2e = (a[:, 2] - a[:, 0]) / 1e3
+    return Latency(
+        requests=len(keys),
+        mean_ttft=float(ttft.mean()),
+        p50_ttft=float(np.percentile(ttft, 50)),
+        p99_ttft=float(np.percentile(ttft, 99)),
+        mean_e2e=float(e2e.mean()),
+        p50_e2e=float(np.percentile(e2e, 50)),
+        p99_e2e=float(np.percentile(e2e, 99)),
+    )
+
+
+def capacity(spec: EngineSpec, seed: int, seconds: float = 90.0) -> float:
+    """Requests/s the engine completes with the true coefficients when always loaded
+    (arrivals far above what it can serve), after a warm-up of a third of the run."""
+    over = with_coefficients(spec, spec.truth.points[0].alpha, spec.truth.points[0].beta, 200.0)
+    res = simulate([over], seconds, seed, telemetry=False, drain_s=0.0, record_latencies=True)
+    t0 = min(a for _, a, _, _ in res.engines[0].latencies or [(0, 0, 0, 0)])
+    warm = t0 + seconds / 3 * 1e9
+    done = [d for _, _, _, d in res.engines[0].latencies or [] if d >= warm]
+    return len(done) / (seconds * 2 / 3)
+
+
+# ---------------------------------------------------------------------------- learning
+
+
+def learn(
+    spec: EngineSpec,
+    rates: SampleRates,
+    duration_s: float,
+    seed: int,
+    overrides: Mapping[str, Any] | None = None,
+) -> Pulled:
+    """Feed an in-process ``coeffd serve`` from simfleet over OTLP/gRPC; pull what it
+    published over HTTP with ``coeffd pull``'s own code.
+
+    Simulated time runs faster than real time, so the daemon runs on the data's own
+    clock (``live=False``, as for replays); load shedding and engine sampling are off so
+    the figures measure learning, not the machine's speed. ``overrides``: extra settings
+    (nested dict, as ``--set`` builds them).
+    """
+    import orjson
+
+    from daemon.commands.pull import pull
+    from daemon.commands.serve import build_app
+    from daemon.publish.snapshot import decode_snapshot
+    from daemon.settings import load_settings
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="coeffd-closedloop-") as tmp:
+        base: dict[str, Any] = {
+            "log": {"level": "warning"},
+            "http": {"endpoint": "127.0.0.1:0"},
+            "receivers": {
+                "otlp_grpc": {"endpoint": "127.0.0.1:0"},
+                "otlp_http": {"enabled": False},
+            },
+            "pipeline": {
+                "shed_learning": False,
+                "sample_engines": False,
+                "tick_interval_seconds": 0.2,
+            },
+            "publish": {"snapshot_dir": str(Path(tmp) / "snapshots")},
+            "state": {"state_dir": ""},
+        }
+        settings = load_settings(overrides=_merge(base, dict(overrides or {})), environ={})
+        app = build_app(settings, live=False)
+        app.start()
+        try:
+            simulate(
+                [spec], duration_s, seed, rates=rates,
+                otlp_endpoint=f"127.0.0.1:{app.grpc_port}", drain_s=5.0,
+            )  # fmt: skip
+            server = f"http://127.0.0.1:{app.http_port}"
+            body = _settled_pull(app, server, pull)
+        finally:
+            app.stop()
+    snap = decode_snapshot(body)
+    doc = orjson.loads(body)
+    return Pulled(
+        alpha=tuple(snap.alpha),
+        beta=tuple(snap.beta),
+        version=snap.version,
+        observations=int(snap.observations.get("beta", 0)),
+        unidentified=tuple(snap.unidentified),
+        learn_wall_s=time.perf_counter() - t0,
+        snapshot=doc,
+    )
+
+
+def _settled_pull(app: Any, server: str, pull: Any) -> bytes:
+    """Wait until the daemon has learned what it received and published it, then pull."""
+    app.pipeline.wait_idle(600.0)
+    args = argparse.Namespace(
+        server=server, config=None, version=None, format="json", defaults=None, timeout=30.0
+    )
+    last, stable_since = "", time.monotonic()
+    deadline = time.monotonic() + 120.0
+    while time.monotonic() < deadline:
+        try:
+            text: str = pull(args)
+        except Exception:  # nothing published yet
+            text = ""
+        if text != last:
+            last, stable_since = text, time.monotonic()
+        elif (
+            text
+            and time.monotonic() - stable_since >= 5 * app.settings.pipeline.tick_interval_seconds
+        ):
+            return text.encode()
+        time.sleep(app.settings.pipeline.tick_interval_seconds)
+    if not last:
+        raise RuntimeError("the daemon published nothing")
+    return last.encode()
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+# ---------------------------------------------------------------------------- the loop
+
+
+def run(
+    scenario: str = "dense",
+    sample_rates: Mapping[str, SampleRates] | None = None,
+    async_scheduling: bool = True,
+    duration_s: float = 600.0,
+    seeds: Sequence[int] = (1,),
+    loads: Mapping[str, float] | None = None,
+    learn_load: float = 0.3,
+    serve_duration_s: float | None = None,
+    settings: Mapping[str, Any] | None = None,
+    log: Any = None,
+) -> ClosedLoopResult:
+    """Learn at each sampling, then serve each load with truth / pulled / BLIS defaults.
+
+    ``sample_rates``: name → simfleet sample rates (default: ``default`` and ``dense``).
+    ``learn_load``: the learning run's load, as a fraction of capacity. ``settings``:
+    daemon settings overrides for the learning runs (nested dict). ``log``: a callable
+    taking one line (progress), e.g. ``print``.
+    """
+    rates = dict(sample_rates or {"default": DEFAULT_RATES, "dense": DENSE_RATES})
+    load_map = dict(loads or LOADS)
+    serve_s = serve_duration_s or duration_s
+    say = log or (lambda _line: None)
+    out: list[SeedResult] = []
+    base = engine_spec(scenario, async_scheduling)
+    for seed in seeds:
+        cap = capacity(base, seed)
+        say(f"  seed {seed}: capacity {cap:.2f} req/s with the true coefficients")
+        learn_spec = replace(base, workload=replace(base.workload, rate_per_s=learn_load * cap))
+        pulled: dict[str, Pulled] = {}
+        for name, r in rates.items():
+            p = learn(learn_spec, r, duration_s, seed, settings)
+            pulled[name] = p
+            say(
+                f"    learned at {name} sampling ({r.journey}/{r.step}/{r.rich}): v{p.version}, "
+                f"{p.observations} step observations, {p.learn_wall_s:.0f} s wall; "
+                f"unidentified {list(p.unidentified)}"
+            )
+        truth = base.truth.points[0]
+        vectors: dict[str, tuple[Sequence[float], Sequence[float]]] = {
+            "blis_default": (BLIS_ALPHA, BLIS_BETA),
+            **{name: (p.alpha, p.beta) for name, p in pulled.items()},
+        }
+        load_results = []
+        for load, frac in load_map.items():
+            rate = frac * cap
+            # the serving seed differs from the learning seed: a workload the daemon never saw
+            sseed = seed + 10_000
+            t_runs = serve(with_coefficients(base, truth.alpha, truth.beta, rate), serve_s, sseed)
+            others = {
+                name: serve(with_coefficients(base, a, b, rate), serve_s, sseed)
+                for name, (a, b) in vectors.items()
+            }
+            warm = min(v[0] for v in t_runs.values()) + 0.1 * serve_s * 1e9
+            keys = sorted(
+                k
+                for k, v in t_runs.items()
+                if v[0] >= warm and all(k in o for o in others.values())
+            )
+            lr = LoadResult(
+                load,
+                frac,
+                rate,
+                latency(t_runs, keys),
+                {name: latency(o, keys) for name, o in others.items()},
+            )
+            load_results.append(lr)
+            say(_load_line(lr))
+        out.append(SeedResult(seed, cap, truth, pulled, load_results))
+    return ClosedLoopResult(scenario, async_scheduling, duration_s, serve_s, out)
+
+
+def _load_line(lr: LoadResult) -> str:
+    head = (
+        f"    {lr.load:15s} {lr.rate_per_s:6.2f} req/s ({lr.truth.requests} requests; truth "
+        f"TTFT mean {lr.truth.mean_ttft / 1e3:.1f} ms p99 {lr.truth.p99_ttft / 1e3:.1f} ms, "
+        f"E2E mean {lr.truth.mean_e2e / 1e3:.0f} ms p99 {lr.truth.p99_e2e / 1e3:.0f} ms)"
+    )
+    rows = [head]
+    for name, d in lr.diffs.items():
+        rows.append(f"      {name:13s} " + "  ".join(f"{m} {d[m] * 100:+7.2f}%" for m in METRICS))
+    return "\n".join(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench closedloop", description=__doc__.splitlines()[0]
+    )
+    ap.add_argument("--quick", action="store_true", help="one seed, 120 simulated seconds")
+    ap.add_argument("--scenario", choices=sorted(CONFIGURATIONS), default="dense")
+    ap.add_argument("--sync", action="store_true", help="sync scheduling (default async)")
+    ap.add_argument("--duration", type=float, default=600.0, help="simulated seconds")
+    ap.add_argument("--seeds", default="1,2", help="comma-separated seeds")
+    args = ap.parse_args(argv)
+    structlog.configure(
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        wrapper_class=structlog.make_filtering_bound_logger(30),
+    )
+    seeds = [1] if args.quick else [int(s) for s in args.seeds.split(",") if s.strip()]
+    duration = 120.0 if args.quick else args.duration
+    print(
+        f"== closed loop: {args.scenario}, {'sync' if args.sync else 'async'} scheduling, "
+        f"learn {duration:.0f} simulated s at {0.3:.0%} of capacity, serve {duration:.0f} s "
+        f"per load, seeds {seeds}"
+    )
+    t0 = time.perf_counter()
+    res = run(
+        scenario=args.scenario,
+        async_scheduling=not args.sync,
+        duration_s=duration,
+        seeds=seeds,
+        log=print,
+    )
+    print(f"\n== summary ({time.perf_counter() - t0:.0f} s): worst |difference| over seeds")
+    ok = True
+    below = ("low", "medium")
+    for name in ("dense", "default", "blis_default"):
+        for m in ("mean_ttft", "p99_ttft", "mean_e2e", "p99_e2e"):
+            w = res.worst(name, m, below)
+            sat = res.worst(name, m, ("near_saturation",))
+            if name == "dense":
+                passed = w <= TARGET
+                ok &= passed
+                tag = "PASS" if passed else "FAIL"
+                target = f"≤ {TARGET:.0%} below saturation"
+            else:
+                tag, target = "INFO", "(info)"
+            print(
+                f"  [{tag}] {name} {m}: {w * 100:.2f}% below saturation, {sat * 100:.2f}% near "
+                f"saturation (target {target})"
+            )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
