@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from daemon.commands import basis, demo, pull, replay, serve, simfleet
+from daemon.publish.snapshot import coeffd_version
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="coeffd",
         description="Learns BLIS latency-model coefficients online from live vLLM telemetry.",
     )
+    parser.add_argument("-V", "--version", action="version", version=f"coeffd {coeffd_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMANDS:
         module.add_parser(sub)

@@ -61,6 +61,8 @@ _ERROR_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5
 _FRESHNESS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0)
 #: Prediction sources exported as the ``coefficients`` label (bounded).
 _SOURCES = ("learned", "blis_default", "batch_refit", "learned_extended")
+#: Shedding below this keep ratio is worth a warning; above it, it is routine trimming.
+_SHED_WARN_BELOW = 0.5
 _ARRIVAL_SAMPLE_MASK = 15  # step freshness is measured on every 16th step (see __init__)
 
 
@@ -313,6 +315,7 @@ class LearningConsumer:
         #: being shed partially (half the decode cost of the commonest record).
         self.decoders: list[Decoder] = []
         self._shedding = False
+        self._shed_warned = False  # a "learning behind" warning awaits its "caught up"
         #: Engine sampling (past shedding): the app's decoders and KV subscribers consult
         #: it for every source (it also keeps count of the engines heard from).
         self.sampler = sampler
@@ -525,13 +528,22 @@ class LearningConsumer:
         self.joiner.step_filter = keep
         for d in self.decoders:
             d.step_filter = keep
-        if shedding != self._shedding:
-            self._shedding = shedding
+        self._shedding = shedding
+        # Warn only when learning is really behind: a long tick alone (a checkpoint, a
+        # burst of publishes) trims the share to ~0.98 with an empty queue, which is
+        # routine and visible in coeffd_learning_keep_ratio; catching up is good news.
+        if ratio < _SHED_WARN_BELOW and not self._shed_warned:
+            self._shed_warned = True
             log.warning(
-                "learning behind: shedding step and request observations"
-                if shedding
-                else "learning caught up: learning every observation",
+                "learning behind: shedding step and request observations",
                 keep_ratio=round(ratio, 3),
+                backlog=round(backlog, 3),
+                shed_total=self.shed,
+            )
+        elif not shedding and self._shed_warned:
+            self._shed_warned = False
+            log.info(
+                "learning caught up: learning every observation",
                 backlog=round(backlog, 3),
                 shed_total=self.shed,
             )
@@ -543,7 +555,7 @@ class LearningConsumer:
         if share == self._engine_share:
             return
         self.metrics.engine_share.set(share)
-        log.warning(
+        (log.warning if share < self._engine_share else log.info)(
             "learning at its floor and still behind: joining a share of the engines"
             if share < self._engine_share
             else "caught up: joining more engines",

@@ -55,7 +55,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="b0,b1,...",
         help="7-11 comma-separated coefficients, or 'default' for BLIS's bundled 11",
     )
-    p.add_argument("--batch", required=True, metavar="FILE.json", help="batch file (see docs)")
+    p.add_argument(
+        "--batch",
+        required=True,
+        metavar="FILE.json",
+        help='JSON list of requests, e.g. [{"input_len": 512, "progress_index": 0, '
+        '"num_new_tokens": 512, "output_len": 128}]',
+    )
     p.set_defaults(run=run)
     return p
 

@@ -14,10 +14,14 @@ preserved; only when the block lacks a list does it fall back to a ruamel round-
 
 from __future__ import annotations
 
+import difflib
 import io
+import json
 import math
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +91,75 @@ def to_flag_args(snapshot: Snapshot) -> list[str]:
 def to_flags(snapshot: Snapshot) -> str:
     """BLIS CLI flags: comma-separated, no spaces (§8.2), full float64 precision."""
     return " ".join(to_flag_args(snapshot))
+
+
+def _bundled_sheets(model: str, gpu: str) -> tuple[Path | None, Path | None]:
+    """coeffd's own ``config.json`` folder for ``model`` and hardware sheet holding ``gpu``
+    (BLIS's formats, the very inputs the coefficients were learned with), where bundled."""
+    from learners.features.catalog import canonical_model_name
+
+    data = Path(str(resources.files("learners.features").joinpath("data")))
+    canon = canonical_model_name(model)
+    folder = data / "models" / canon if canon is not None else None
+    sheet = data / "hardware.json"
+    try:
+        gpus = json.loads(sheet.read_text("utf-8"))
+    except (OSError, ValueError):
+        gpus = {}
+    return folder, sheet if gpu in gpus else None
+
+
+def to_blis_args(
+    snapshot: Snapshot, *, defaults_path: str | os.PathLike[str] | None = None
+) -> tuple[list[str], list[str]]:
+    """A whole ``blis run`` argument list for the snapshot's configuration, and notes on
+    what it could not fill in.
+
+    ``--latency-model trained-physics --model M --hardware G --tp N`` (``--dp``, EP and the
+    MoE backend when set), ``--model-config-folder`` and ``--hardware-config`` pointing at
+    coeffd's bundled sheets (BLIS otherwise looks for them beside ``defaults.yaml``, so a
+    ``defaults.yaml`` outside BLIS's tree would leave it without them), then the
+    coefficients: as flags, or with ``defaults_path`` as ``--defaults-filepath`` (the
+    file ``coeffd pull --defaults`` rewrote).
+    """
+    validate_for_blis(snapshot.alpha, snapshot.beta)
+    ref = snapshot.configuration
+    desc = {**ref.labels, **{k: v for k, v in ref.description.items() if v not in (None, "")}}
+    notes: list[str] = []
+    model, gpu = str(desc.get("model", "")), str(desc.get("gpu", ""))
+    tp = int(desc.get("tp", 1) or 1)
+    dp = int(desc.get("dp", 1) or 1)
+    if not model or not gpu:
+        notes.append(f"configuration {ref.id} names no model/GPU: add --model, --hardware, --tp")
+    args = ["--latency-model", "trained-physics"]
+    if model:
+        args += ["--model", model]
+    if gpu:
+        args += ["--hardware", gpu]
+    args += ["--tp", str(tp)]
+    if dp > 1:
+        args += ["--dp", str(dp)]
+    if str(desc.get("ep", "")).lower() in ("true", "1"):
+        args.append("--enable-expert-parallel")
+    if desc.get("moe_comm_backend"):
+        args += ["--moe-comm-backend", str(desc["moe_comm_backend"])]
+    folder, sheet = _bundled_sheets(model, gpu)
+    if folder is not None:
+        args += ["--model-config-folder", str(folder)]
+    elif model:
+        notes.append(
+            f"{model} is not bundled with coeffd: add --model-config-folder DIR "
+            "(the folder of its config.json)"
+        )
+    if sheet is not None:
+        args += ["--hardware-config", str(sheet)]
+    elif gpu:
+        notes.append(f"GPU {gpu} is not bundled with coeffd: add --hardware-config FILE")
+    if defaults_path is not None:
+        args += ["--defaults-filepath", str(Path(defaults_path).absolute())]
+    else:
+        args += to_flag_args(snapshot)
+    return args, notes
 
 
 def to_yaml_block(snapshot: Snapshot) -> str:
@@ -356,25 +429,67 @@ def _find_block(root: Node | None) -> tuple[bool, dict[str, tuple[Node, Node]]]:
     return False, {}
 
 
-def _value_span(text: str, key: Node, value: Node) -> tuple[int, int, str]:
-    """Text span of a list value and the prefix its flow replacement needs.
+def _line_start(text: str, index: int) -> int:
+    return text.rfind("\n", 0, index) + 1
 
-    A flow list (``[..]``, BLIS's style) is replaced in place. A block list (``- x`` lines)
-    is replaced from the key's colon to the end of its last item, because its own end
-    mark lies on the next key's line.
+
+def _line_end(text: str, index: int) -> int:
+    """Index just past the newline ending the line at ``index`` (or the text's end)."""
+    nl = text.find("\n", index)
+    return len(text) if nl < 0 else nl + 1
+
+
+def _list_edits(
+    text: str, key: Node, value: Node, values: Sequence[float]
+) -> list[tuple[int, int, str]]:
+    """(start, end, replacement) edits that set one coefficient list to ``values``.
+
+    A flow list (``[..]``, BLIS's style) is replaced in place, so a comment after it stays.
+    A block list (``- x`` lines) keeps its style: each item's number is replaced where it
+    stands (its inline comment stays), extra values get new ``- x`` lines indented like
+    the last item, surplus items' lines are removed. Anything else (a null value) becomes
+    a flow list after the key's colon.
     """
     if isinstance(value, SequenceNode) and value.flow_style:
-        return value.start_mark.index, value.end_mark.index, ""
+        return [(value.start_mark.index, value.end_mark.index, flow_list(values))]
+    if isinstance(value, SequenceNode) and value.value:
+        items: list[Node] = value.value
+        edits = [
+            (item.start_mark.index, item.end_mark.index, format_float_yaml(v))
+            for item, v in zip(items, values, strict=False)
+        ]
+        last = items[-1]
+        if len(values) > len(items):
+            prefix = text[_line_start(text, last.start_mark.index) : last.start_mark.index]
+            at = _line_end(text, last.end_mark.index)
+            lead = "" if text[:at].endswith("\n") else "\n"
+            added = "".join(f"{prefix}{format_float_yaml(v)}\n" for v in values[len(items) :])
+            edits.append((at, at, lead + added))
+        elif len(values) < len(items):
+            start = _line_start(text, items[len(values)].start_mark.index)
+            edits.append((start, _line_end(text, last.end_mark.index), ""))
+        return edits
     colon = text.index(":", key.end_mark.index)
-    last = value.value[-1] if isinstance(value, SequenceNode) and value.value else value
-    return colon, last.end_mark.index, ": "
+    return [(colon, value.end_mark.index, ": " + flow_list(values))]
 
 
 def render_defaults(text: str, alpha: Sequence[float], beta: Sequence[float]) -> str:
-    """Return ``text`` with its coefficient block set to ``alpha``/``beta`` (no I/O).
+    r"""Return ``text`` with its coefficient block set to ``alpha``/``beta`` (no I/O).
 
     Raises ``InvalidCoefficientsError`` or ``DefaultsYamlError`` when the input or the
     result would not load in BLIS.
+
+    A block-style list stays block-style, comments included:
+
+    >>> text = "trained_physics_coefficients:\n  alpha_coeffs:\n    - 1.0  # queueing\n" \
+    ...     "    - 2.0\n    - 3.0\n  beta_coeffs: [1, 1, 1, 1, 1, 1, 1]\n"
+    >>> print(render_defaults(text, [4.0, 5.0, 6.0], [2.0] * 8), end="")
+    trained_physics_coefficients:
+      alpha_coeffs:
+        - 4.0  # queueing
+        - 5.0
+        - 6.0
+      beta_coeffs: [2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0]
     """
     validate_for_blis(alpha, beta, exact_lengths=False)
     # The input must itself be a valid BLIS file: we never "repair" a file we don't understand.
@@ -385,15 +500,12 @@ def render_defaults(text: str, alpha: Sequence[float], beta: Sequence[float]) ->
     if a_nodes is not None and b_nodes is not None:
         # Splice from the end so the earlier offsets stay valid.
         edits = sorted(
-            [
-                (*_value_span(text, *a_nodes), flow_list(alpha)),
-                (*_value_span(text, *b_nodes), flow_list(beta)),
-            ],
+            _list_edits(text, *a_nodes, alpha) + _list_edits(text, *b_nodes, beta),
             reverse=True,
         )
         out = text
-        for start, end, prefix, replacement in edits:
-            out = out[:start] + prefix + replacement + out[end:]
+        for start, end, replacement in edits:
+            out = out[:start] + replacement + out[end:]
     elif not present:
         # No block: append one; the rest of the file stays byte-for-byte.
         prefix = text if (not text or text.endswith("\n")) else text + "\n"
@@ -429,22 +541,74 @@ def _round_trip(text: str, alpha: Sequence[float], beta: Sequence[float]) -> str
     return buf.getvalue()
 
 
+@dataclass(frozen=True)
+class DefaultsUpdate:
+    """A planned rewrite of a ``defaults.yaml``: nothing is written until :meth:`apply`.
+
+    ``target`` is the real file (symlinks resolved): the rewrite replaces that file, so a
+    ``defaults.yaml`` that is a link into BLIS's tree stays a link and BLIS sees the change.
+    """
+
+    path: Path
+    target: Path
+    old: str
+    new: str
+
+    @property
+    def changed(self) -> bool:
+        return self.new != self.old
+
+    def diff(self) -> str:
+        """A unified diff of the rewrite ("" when nothing changes)."""
+        name = str(self.path)
+        return "".join(
+            difflib.unified_diff(
+                self.old.splitlines(keepends=True),
+                self.new.splitlines(keepends=True),
+                fromfile=name,
+                tofile=name + " (rewritten)",
+            )
+        )
+
+    def apply(self, *, backup: bool = False) -> Path | None:
+        """Write the new text atomically; with ``backup`` first copy the file to
+        ``<target>.bak`` (returned). Nothing happens when nothing changes."""
+        if not self.changed:
+            return None
+        saved = None
+        if backup:
+            saved = self.target.with_name(self.target.name + BACKUP_SUFFIX)
+            atomic_write_text(saved, self.old, mode=self.target.stat().st_mode & 0o7777)
+        atomic_write_text(self.target, self.new)
+        return saved
+
+
+BACKUP_SUFFIX = ".bak"
+
+
+def plan_defaults_update(
+    path: str | os.PathLike[str], alpha: Sequence[float], beta: Sequence[float]
+) -> DefaultsUpdate:
+    """Read ``path`` (through symlinks) and render its new text; raises like
+    :func:`render_defaults`, or ``OSError`` when the file cannot be read."""
+    target = Path(path).resolve()
+    raw = target.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DefaultsYamlError([f"{path}: not UTF-8: {exc}"]) from exc
+    return DefaultsUpdate(Path(path), target, text, render_defaults(text, alpha, beta))
+
+
 def rewrite_defaults(
     path: str | os.PathLike[str], alpha: Sequence[float], beta: Sequence[float]
 ) -> Path:
     """Rewrite only the ``trained_physics_coefficients`` block of a BLIS ``defaults.yaml``.
 
-    Atomic (temp file + fsync + rename): BLIS never reads a half-written file. On any
-    error the file is left untouched and ``InvalidCoefficientsError`` /
-    ``DefaultsYamlError`` is raised.
+    Atomic (temp file + fsync + rename): BLIS never reads a half-written file. A symlink
+    is followed (the file it points to is rewritten). On any error the file is left
+    untouched and ``InvalidCoefficientsError`` / ``DefaultsYamlError`` is raised.
     """
-    target = Path(path)
-    raw = target.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise DefaultsYamlError([f"{target}: not UTF-8: {exc}"]) from exc
-    new_text = render_defaults(text, alpha, beta)
-    if new_text == text:
-        return target
-    return atomic_write_text(target, new_text)
+    update = plan_defaults_update(path, alpha, beta)
+    update.apply()
+    return update.target

@@ -226,3 +226,37 @@ def test_partial_summaries_are_never_learned(raw_requests: list[Any], tmp_path: 
     assert consumer.shed == partial > 0
     _, full = _learn([Decoder().decode(r).records for r in raw_requests], tmp_path / "f", 0.0)
     assert 0 < got["step_period"] <= full["step_period"] / 4 + 1
+
+
+def test_shedding_warns_only_when_really_behind(tmp_path: Path) -> None:
+    """Issue 19: a long tick trims the keep ratio to ~0.98 with an empty queue — routine,
+    not worth a warning; real shedding warns once, and catching up is info, not a warning."""
+    from structlog.testing import capture_logs
+
+    settings = load_settings(
+        overrides={"publish": {"snapshot_dir": str(tmp_path / "s")}, "state": {"state_dir": ""}},
+        environ={},
+    )
+    consumer, _ = build_consumer(settings, CollectorRegistry(), live=False)
+    backlog = [0.0]
+    consumer.backlog = lambda: backlog[0]
+    shedder = consumer.shedder
+    assert shedder is not None
+    budget = shedder.tick_budget_s
+    with capture_logs() as logs:
+        shedder.observe_tick(budget * 1.04)  # one slightly long tick: share ~0.98
+        consumer.consume([])
+        assert 0.9 < shedder.ratio < 1.0
+        assert not [e for e in logs if "shedding" in e["event"]], logs
+        backlog[0] = 1.0  # the queue is full: learning really is behind
+        consumer.consume([])
+        consumer.consume([])
+        backlog[0] = 0.0
+        for _ in range(10):
+            shedder.observe_tick(budget / 100)
+        consumer.consume([])
+    assert shedder.ratio == 1.0
+    behind = [e for e in logs if e["event"].startswith("learning behind")]
+    caught_up = [e for e in logs if e["event"].startswith("learning caught up")]
+    assert [e["log_level"] for e in behind] == ["warning"]
+    assert [e["log_level"] for e in caught_up] == ["info"]

@@ -335,7 +335,23 @@ def test_sidecar_template_refuses_fleet_mode(wrapper: Path) -> None:
         render(wrapper, {"coeffd": {"mode": "fleet"}})
 
 
-def test_image_tag_tracks_app_version() -> None:
+def test_image_tag_defaults_to_app_version_and_every_object_names_the_chart(
+    wrapper: Path,
+) -> None:
+    """Issue 19: the image tag follows Chart.yaml's appVersion unless set, and every
+    object carries ``helm.sh/chart`` (also the sidecar objects a parent chart renders)."""
     meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    values = yaml.safe_load((CHART / "values.yaml").read_text())
-    assert values["image"]["tag"] == meta["appVersion"]
+    chart_label = f"coeffd-{meta['version']}"
+    docs = manifests(render(CHART, FLEET_VARIANTS["fleet-all-on"]))
+    sts = one(docs, "StatefulSet")
+    image = _container(_pod_spec(sts), "coeffd")["image"]
+    assert image.endswith(":" + meta["appVersion"])
+    for doc in docs:
+        assert doc["metadata"]["labels"]["helm.sh/chart"] == chart_label, doc["kind"]
+    assert sts["spec"]["template"]["metadata"]["labels"]["helm.sh/chart"] == chart_label
+    pinned = manifests(render(CHART, {"image": {"tag": "9.9.9"}}))
+    assert _container(_pod_spec(one(pinned, "StatefulSet")), "coeffd")["image"].endswith(":9.9.9")
+    # a parent chart renders the sidecar: the tag is still coeffd's appVersion
+    pod = _pod_spec(one(manifests(render(wrapper, name="llama")), "Deployment"))
+    images = [c["image"] for c in pod.get("initContainers", []) + pod["containers"]]
+    assert any(i.endswith("coeffd:" + meta["appVersion"]) for i in images), images

@@ -106,4 +106,4 @@ def test_pull_network_error(tmp_path: Path) -> None:
 def test_pull_bad_server_url(server: str) -> None:
     from daemon.commands import pull
 
-    assert pull.main(["--server", server]) == 1
+    assert pull.main(["--server", server]) == 2  # a usage error

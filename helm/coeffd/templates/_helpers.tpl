@@ -29,13 +29,32 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 
 {{- define "coeffd.labels" -}}
 {{ include "coeffd.selectorLabels" . }}
-app.kubernetes.io/version: {{ .values.image.tag | quote }}
+{{- $chart := include "coeffd.chart" . | fromJson }}
+helm.sh/chart: {{ printf "%s-%s" $chart.name $chart.version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/version: {{ include "coeffd.imageTag" . | quote }}
 app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 app.kubernetes.io/part-of: coeffd
 {{- end -}}
 
+{{/*
+The coeffd chart's own metadata, also when a parent (vLLM) chart renders the sidecar
+templates with its own root: then it is the "coeffd" subchart's.
+*/}}
+{{- define "coeffd.chart" -}}
+{{- $chart := .root.Chart -}}
+{{- if and (ne .root.Chart.Name "coeffd") .root.Subcharts (hasKey .root.Subcharts "coeffd") -}}
+{{- $chart = (index .root.Subcharts "coeffd").Chart -}}
+{{- end -}}
+{{- toJson (dict "name" $chart.Name "version" $chart.Version "appVersion" $chart.AppVersion) -}}
+{{- end -}}
+
+{{/* The image tag: values.image.tag, else the chart's appVersion (one place to bump). */}}
+{{- define "coeffd.imageTag" -}}
+{{- .values.image.tag | default (include "coeffd.chart" . | fromJson).appVersion -}}
+{{- end -}}
+
 {{- define "coeffd.image" -}}
-{{- printf "%s:%s" .values.image.repository .values.image.tag -}}
+{{- printf "%s:%s" .values.image.repository (include "coeffd.imageTag" .) -}}
 {{- end -}}
 
 {{- define "coeffd.serviceAccountName" -}}

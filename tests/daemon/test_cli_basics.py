@@ -1,0 +1,31 @@
+"""What a new user types first: ``coeffd --version`` and ``-h`` of every command."""
+
+from __future__ import annotations
+
+import pytest
+
+from daemon.cli import build_parser, main
+from daemon.publish.snapshot import coeffd_version
+
+
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version_flag(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([flag])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"coeffd {coeffd_version()}"
+
+
+def _help(command: str) -> str:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    text: str = sub.choices[command].format_help()  # type: ignore[attr-defined]
+    return text
+
+
+@pytest.mark.parametrize("command", ["serve", "demo", "replay", "simfleet", "pull", "basis"])
+def test_help_is_plain_text_with_the_real_port(command: str) -> None:
+    """No reStructuredText markup, no "see docs", no port the daemon does not use."""
+    text = _help(command)
+    assert "``" not in text and "(see docs)" not in text
+    assert ":8080" not in text
