@@ -234,12 +234,14 @@ def pull(args: argparse.Namespace) -> str:
     """Do the work; return what to print on stdout. Raises ``PullError``."""
     server = server_url(args.server)
     fmt = args.format
+    # callers building their own Namespace (bench closedloop) may leave the newer flags out
+    dry_run, backup = getattr(args, "dry_run", False), getattr(args, "backup", False)
     if args.defaults and fmt not in (None, "blis-args"):
         raise UsageError(
             f"--format {fmt} does not go with --defaults (which writes the YAML block); "
             "drop one of them, or use --format blis-args to print the blis run arguments"
         )
-    if (args.dry_run or args.backup) and not args.defaults:
+    if (dry_run or backup) and not args.defaults:
         raise UsageError("--dry-run and --backup go with --defaults PATH")
     config = args.config or _choose_config(server, args.timeout)
     wire = "json" if (args.defaults or fmt == "blis-args") else (fmt or "flags")
@@ -259,7 +261,7 @@ def pull(args: argparse.Namespace) -> str:
         raise PullError(f"{url}: not a coefficient snapshot: {exc}") from exc
     out: list[str] = []
     if args.defaults:
-        out.append(update_defaults(args.defaults, snap, dry_run=args.dry_run, backup=args.backup))
+        out.append(update_defaults(args.defaults, snap, dry_run=dry_run, backup=backup))
     if fmt == "blis-args":
         try:
             blis, notes = to_blis_args(snap, defaults_path=args.defaults)

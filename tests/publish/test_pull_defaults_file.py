@@ -199,3 +199,14 @@ def test_several_configurations_are_listed_by_name(
         ["aaa111", "llama-3.1-8b-instruct/H100/tp2"],
         ["bbb222", "qwen2.5-7b-instruct/A100-80/tp1"],
     ]
+
+
+def test_pull_function_takes_a_namespace_without_the_newer_flags(url: str) -> None:
+    """bench closedloop calls ``pull()`` with its own Namespace (server, config, version,
+    format, defaults, timeout)."""
+    import argparse
+
+    args = argparse.Namespace(
+        server=url, config=None, version=None, format="json", defaults=None, timeout=10.0
+    )
+    assert json.loads(pull.pull(args))["version"] == 3
