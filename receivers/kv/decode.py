@@ -24,7 +24,6 @@ in the caller's ``counts`` (reasons ``bad_event``, ``unknown_tag``).
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -55,6 +54,8 @@ BAD_EVENT = "bad_event"
 UNKNOWN_TAG = "unknown_tag"
 
 _U64 = 1 << 64
+#: Largest batch ``ts`` (seconds) whose nanoseconds fit an int64, like OTLP timestamps.
+MAX_TS = ((1 << 63) - 1) / 1e9
 
 
 class KVDecodeError(ValueError):
@@ -240,8 +241,9 @@ def parse_batch(obj: Any, counts: Counter[str] | None = None) -> RawKVBatch:
         raise KVDecodeError(BAD_BATCH, "batch is not an array of 3 or 4 elements")
     ts, events, dp_rank = obj[0], obj[1], obj[2]
     step = obj[3] if len(obj) > 3 else None
-    if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
-        raise KVDecodeError(BAD_BATCH, f"ts {ts!r} is not a finite number")
+    if isinstance(ts, bool) or not isinstance(ts, int | float) or not 0 <= ts <= MAX_TS:
+        # (NaN fails the comparison too.) Wall-clock ns must fit OTLP's int64.
+        raise KVDecodeError(BAD_BATCH, f"ts {ts!r} is not a time in seconds since the epoch")
     if not isinstance(events, list):
         raise KVDecodeError(BAD_BATCH, "events is not an array")
     if not _is_int(dp_rank) or dp_rank < 0:
@@ -266,8 +268,13 @@ def parse_payload(payload: bytes, counts: Counter[str] | None = None) -> RawKVBa
     """msgpack frame 2 -> ``RawKVBatch``; raises ``KVDecodeError``."""
     try:
         obj = _decoder.decode(payload)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        # A msgpack str with invalid UTF-8 raises UnicodeDecodeError, not DecodeError.
         raise KVDecodeError(BAD_MSGPACK, str(exc)) from exc
+    except RecursionError:
+        # msgspec recurses per nesting level: a few thousand nested arrays exhaust the
+        # stack. No valid batch nests deeper than 3 levels.
+        raise KVDecodeError(BAD_MSGPACK, "nested too deeply") from None
     return parse_batch(obj, counts)
 
 
