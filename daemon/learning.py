@@ -353,6 +353,8 @@ class LearningConsumer:
         self._shed_exported = {"step": 0, "request": 0}  # what the counter shows
         self.observations = 0
         self.published = 0
+        #: Whether :meth:`restore` found learner state of an earlier run.
+        self.restored = False
 
     # ------------------------------------------------------------------ state
     def restore(self) -> bool:
@@ -363,6 +365,7 @@ class LearningConsumer:
         if restored is None:
             return False
         state = restored.state
+        self.restored = True
         self.registry.load_state(state.get("registry", {}))
         for cid, cfg in state.get("configs", {}).items():
             try:

@@ -1,9 +1,10 @@
-"""``coeffd replay FILE...``: learn from recorded OTLP/JSON traces through the same pipeline.
+"""``coeffd replay FILE...``: learn from recorded OTLP traces through the same pipeline.
 
 Records go through the joiner and the learners exactly as live ones do; snapshots land in
-``publish.snapshot_dir`` (add ``--serve`` to keep the API up while replaying).
+``publish.snapshot_dir`` and learner state in ``state.state_dir`` (both said on start and
+in the summary; add ``--serve`` to keep the API up while replaying).
 
-Reads the Collector file exporter's format (see ``receivers.replay.reader``), waits
+Reads the Collector file exporter's formats (see ``receivers.replay.reader``), waits
 for the pipeline instead of dropping when it is full, then drains and prints a summary.
 """
 
@@ -33,11 +34,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``replay``."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         "replay",
-        help="replay OTLP/JSON trace files (collector file exporter) through the pipeline",
-        description="Replay OTLP/JSON lines (.jsonl or .gz) into the pipeline.",
+        help="replay OTLP trace files (Collector file exporter) through the pipeline",
+        description="Replay recorded OTLP traces into the pipeline: JSON lines (plain, .gz, "
+        ".zst) or the Collector file exporter's length-prefixed protobuf/zstd frames. "
+        "Snapshots go to --snapshot-dir (default snapshots/), learner state to "
+        "--state-dir (default state/; '' for none).",
     )
     p.add_argument(
-        "files", nargs="+", metavar="FILE", help="OTLP/JSON lines files, optionally gzip"
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help="OTLP/JSON lines or Collector file exporter output, optionally gzip/zstd",
     )
     p.add_argument(
         "--serve",
@@ -85,8 +92,15 @@ def replay_settings(settings: Settings, *, serve: bool) -> Settings:
     return settings
 
 
+def _where(settings: Settings) -> str:
+    state = settings.state.state_dir
+    return f"snapshots in {os.path.abspath(settings.publish.snapshot_dir)}/; " + (
+        f"learner state in {os.path.abspath(state)}/" if state else "no learner state kept"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
-    """Replay, print the summary; 0 on success, 1 if a file could not be read."""
+    """Replay, print the summary; 0 on success, 1 if nothing could be read, 2 on usage."""
     settings = settings_from_args(args)
     if settings is None:
         return EXIT_USAGE
@@ -100,6 +114,13 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         print(f"coeffd: cannot start: {e}", file=sys.stderr)
         return 1
+    consumer = app.consumer
+    restored = isinstance(consumer, LearningConsumer) and consumer.restored
+    print(
+        f"coeffd replay: {_where(settings)}"
+        + (" (continuing from the state found there)" if restored else ""),
+        file=sys.stderr,
+    )
     app.start()
     try:
         summary = run_replay(app, list(args.files))
@@ -110,11 +131,16 @@ def run(args: argparse.Namespace) -> int:
     app.stop()
     for line in summary.lines():
         print(line)
-    consumer = app.consumer
     if isinstance(consumer, LearningConsumer):
         print(
             f"learned {consumer.observations} observations for "
             f"{len(consumer.registry)} configuration(s); "
-            f"{consumer.published} snapshot(s) in {settings.publish.snapshot_dir}"
+            f"{consumer.published} snapshot(s); {_where(settings)}"
         )
+    if summary.requests == 0 and summary.bad_lines:
+        print(
+            f"coeffd replay: no OTLP trace request could be read from {', '.join(args.files)}",
+            file=sys.stderr,
+        )
+        return 1
     return 0
