@@ -30,6 +30,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from daemon.http.server import HttpServer, Request, Response, Router
 from daemon.log import RateLimiter
 from daemon.metrics import ReceiverMetrics
+from daemon.security import AuthMetrics, http_guard
 from daemon.settings import Settings, parse_endpoint
 from receivers.occupancy import Occupancy
 from receivers.otlp.decode import Decoder, count_kinds
@@ -314,6 +315,7 @@ class App:
         self.settings = settings
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = ReceiverMetrics(self.registry)
+        self.auth_metrics = AuthMetrics(self.registry, settings.log.rate_limit_seconds)
         self.consumer: Consumer = consumer if consumer is not None else CountingConsumer()
         self.pipeline = Pipeline(
             self.consumer,
@@ -429,7 +431,13 @@ class App:
             if s.http.enabled:
                 listener, endpoint = "http", s.http.endpoint
                 host, port = parse_endpoint(endpoint)
-                self._http = HttpServer(host, port, self.router, name="http")
+                public = {"/healthz", "/readyz"} | (
+                    {"/metrics"} if s.http.metrics_public else set()
+                )
+                tls, gate = http_guard("http", s.http.tls, s.http.auth, self.auth_metrics, public)
+                self._http = HttpServer(
+                    host, port, self.router, name="http", ssl_context=tls, gate=gate
+                )
                 self._http.start()
             if s.receivers.otlp_grpc.enabled:
                 listener, endpoint = "otlp_grpc", s.receivers.otlp_grpc.endpoint

@@ -41,6 +41,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from daemon.security import AuthSettings, TlsSettings
 from learners.config import LearnersConfig
 from learners.features.config import ConfigurationSettings
 from receivers.joiner.config import JoinerConfig
@@ -119,6 +120,8 @@ class OtlpGrpcSettings(_Section):
     #: spans can carry large snapshot events, so allow more.
     max_message_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
     workers: int = Field(default=4, ge=1, le=256)
+    tls: TlsSettings = Field(default_factory=TlsSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
 
 
 class OtlpHttpSettings(_Section):
@@ -128,6 +131,8 @@ class OtlpHttpSettings(_Section):
     endpoint: Endpoint = "0.0.0.0:4318"
     #: Limit on the body, compressed and decompressed.
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
+    tls: TlsSettings = Field(default_factory=TlsSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
 
 
 class ReceiverSettings(_Section):
@@ -144,6 +149,16 @@ class HttpSettings(_Section):
 
     enabled: bool = True
     endpoint: Endpoint = "0.0.0.0:9464"
+    tls: TlsSettings = Field(default_factory=TlsSettings)
+    #: The token (and, with ``tls.client_ca_file``, a client certificate) guards every
+    #: route except the probes ``/healthz`` and ``/readyz``: kubelet cannot present
+    #: either, and they reveal only up/down.
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    #: ``/metrics`` answers without token or client certificate too (Prometheus'
+    #: default scrape; the chart's NetworkPolicy limits who reaches the port, and the
+    #: metrics hold counts and configuration ids, no telemetry). false = guarded like
+    #: the API (give Prometheus ``authorization.credentials_file`` / a client cert).
+    metrics_public: bool = True
 
 
 class PipelineSettings(_Section):

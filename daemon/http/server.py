@@ -10,19 +10,27 @@ can mount ``/v1/...`` API routes with :meth:`Router.add_route`.
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
+
+if TYPE_CHECKING:
+    from daemon.security import Gate
 
 __all__ = ["Handler", "HttpServer", "Request", "Response", "Router"]
 
 log = structlog.get_logger(__name__)
+
+#: Seconds a client gets to finish the TLS handshake (done in the connection's thread,
+#: so a silent client never blocks accepting others).
+TLS_HANDSHAKE_TIMEOUT = 10.0
 
 
 @dataclass(slots=True)
@@ -118,6 +126,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self) -> None:
         srv = self.server
         url = urllib.parse.urlsplit(self.path)
+        if srv.gate is not None and not self._admitted(srv.gate, url.path):
+            return
         handler, allowed = srv.router.resolve(self.command, url.path)
         if handler is None:
             self._read_body(discard=True)
@@ -143,6 +153,23 @@ class _Handler(BaseHTTPRequestHandler):
             log.exception("http handler failed", path=url.path, method=self.command)
             resp = Response.text(500, "internal error")
         self._send(resp, head=self.command == "HEAD")
+
+    def _admitted(self, gate: Gate, path: str) -> bool:
+        """Apply the listener's token / client-certificate rule before reading the body."""
+        conn = self.connection
+        has_cert = isinstance(conn, ssl.SSLSocket) and bool(conn.getpeercert())
+        client = self.client_address[0] if self.client_address else ""
+        reason = gate.check(path, self.headers.get("Authorization"), has_cert, client)
+        if reason is None:
+            return True
+        self.close_connection = True  # the body stays unread
+        if reason == "client_certificate":
+            self._send(Response.text(403, "client certificate required"))
+        else:
+            error = ', error="invalid_token"' if reason == "invalid_token" else ""
+            challenge = {"WWW-Authenticate": f'Bearer realm="coeffd"{error}'}
+            self._send(Response.text(401, "bearer token required", challenge))
+        return False
 
     def _read_body(self, discard: bool = False) -> bytes | None:
         """Read the body (Content-Length or chunked) up to the server's limit."""
@@ -212,6 +239,20 @@ class _Server(ThreadingHTTPServer):
     router: Router
     max_body_bytes: int
     on_refused: Callable[[int, str, str], None] | None
+    gate: Gate | None = None
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        # The TLS handshake runs here, in the connection's own thread (see HttpServer).
+        if isinstance(request, ssl.SSLSocket):
+            request.settimeout(TLS_HANDSHAKE_TIMEOUT)
+            try:
+                request.do_handshake()
+            except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
+                if self.gate is not None:
+                    self.gate.handshake_failed(e, str(client_address[0]))
+                return
+            request.settimeout(None)
+        super().finish_request(request, client_address)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # Client resets and half-closed connections are normal; never print a traceback.
@@ -234,9 +275,12 @@ class HttpServer:
         max_body_bytes: int = 1024 * 1024,
         name: str = "http",
         on_refused: Callable[[int, str, str], None] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        gate: Gate | None = None,
     ) -> None:
         """``on_refused(status, reason, client)`` is told about requests refused before
-        routing (oversize or malformed bodies), so receivers can count them."""
+        routing (oversize or malformed bodies), so receivers can count them.
+        ``ssl_context``: serve HTTPS; ``gate``: token / client-certificate rule per path."""
         self.router = router or Router()
         self.name = name
         server_cls = _Server6 if ":" in host else _Server
@@ -244,6 +288,12 @@ class HttpServer:
         self._server.router = self.router
         self._server.max_body_bytes = max_body_bytes
         self._server.on_refused = on_refused
+        self._server.gate = gate
+        if ssl_context is not None:
+            # Handshake deferred to the connection thread (_Server.finish_request).
+            self._server.socket = ssl_context.wrap_socket(
+                self._server.socket, server_side=True, do_handshake_on_connect=False
+            )
         self._thread: threading.Thread | None = None
 
     @property

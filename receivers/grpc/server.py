@@ -20,6 +20,7 @@ from google.protobuf.message import DecodeError
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from daemon.security import grpc_server_credentials, grpc_token_interceptor
 from daemon.settings import parse_endpoint
 from receivers.occupancy import Occupancy
 from receivers.otlp.fastproto import FastExportRequest
@@ -122,6 +123,7 @@ class OtlpGrpcReceiver:
         self.ingestor = Ingestor.for_app(app, RECEIVER)
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="coeffd-grpc"),
+            interceptors=grpc_token_interceptor(RECEIVER, cfg.auth, app.auth_metrics),
             options=[
                 ("grpc.max_receive_message_length", cfg.max_message_bytes),
                 ("grpc.max_send_message_length", 4 * 1024 * 1024),
@@ -150,7 +152,11 @@ class OtlpGrpcReceiver:
         host, port = parse_endpoint(cfg.endpoint)
         target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
-            bound = self._server.add_insecure_port(target)
+            creds = grpc_server_credentials(cfg.tls)
+            if creds is None:
+                bound = self._server.add_insecure_port(target)
+            else:
+                bound = self._server.add_secure_port(target, creds)
         except RuntimeError as e:  # grpcio ≥1.60 raises instead of returning 0
             raise OSError(f"cannot bind OTLP/gRPC receiver to {target}: {e}") from None
         if not bound:

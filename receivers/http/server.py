@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from daemon.http.server import HttpServer, Request, Response, Router
+from daemon.security import http_guard
 from daemon.settings import parse_endpoint
 from receivers.otlp.decode import JsonDecodeError, parse_json_request
 from receivers.otlp.fastproto import FastExportRequest
@@ -81,6 +82,7 @@ class OtlpHttpReceiver:
         self.router.add_route("POST", "/v1/traces", self.handle)
         self.router.add_route("POST", "/", self.handle)
         host, port = parse_endpoint(cfg.endpoint)
+        tls, gate = http_guard(RECEIVER, cfg.tls, cfg.auth, app.auth_metrics)
         self._server = HttpServer(
             host,
             port,
@@ -88,6 +90,8 @@ class OtlpHttpReceiver:
             max_body_bytes=self.max_body,
             name="otlp-http",
             on_refused=lambda status, reason, client: self.ingestor.invalid(reason, client),
+            ssl_context=tls,
+            gate=gate,
         )
 
     @property

@@ -54,6 +54,7 @@ FLEET_VARIANTS: dict[str, dict[str, Any]] = {
             "podDisruptionBudget": {"enabled": False},
         },
         "serviceAccount": {"create": False},
+        "networkPolicy": {"enabled": False},
     },
 }
 
@@ -137,6 +138,7 @@ def test_fleet_mode_objects() -> None:
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == [
         "ConfigMap",
+        "NetworkPolicy",
         "PodDisruptionBudget",
         "Service",
         "Service",

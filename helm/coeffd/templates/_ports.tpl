@@ -25,5 +25,32 @@ they live.
 {{- $_ := set $s.receivers.otlp_grpc "endpoint" (printf "127.0.0.1:%s" (include "coeffd.port.otlpGrpc" .)) -}}
 {{- $_ := set $s.receivers.otlp_http "endpoint" (printf "127.0.0.1:%s" (include "coeffd.port.otlpHttp" .)) -}}
 {{- end -}}
+{{- $sec := .values.security | default dict -}}
+{{- $tls := $sec.tls | default dict -}}
+{{- if $tls.secretName -}}
+{{- range $l := $tls.listeners -}}
+{{- $c := ternary $s.http (get $s.receivers $l) (eq $l "http") -}}
+{{- $t := $c.tls | default dict -}}
+{{- if not $t.cert_file }}{{ $_ := set $t "cert_file" (printf "%s/tls.crt" $tls.mountPath) }}{{ end -}}
+{{- if not $t.key_file }}{{ $_ := set $t "key_file" (printf "%s/tls.key" $tls.mountPath) }}{{ end -}}
+{{- if and $tls.clientCA (not $t.client_ca_file) }}{{ $_ := set $t "client_ca_file" (printf "%s/ca.crt" $tls.mountPath) }}{{ end -}}
+{{- $_ := set $c "tls" $t -}}
+{{- end -}}
+{{- end -}}
+{{- $tok := $sec.token | default dict -}}
+{{- if $tok.secretName -}}
+{{- range $l := $tok.listeners -}}
+{{- $c := ternary $s.http (get $s.receivers $l) (eq $l "http") -}}
+{{- $a := $c.auth | default dict -}}
+{{- if not $a.bearer_token_file }}{{ $_ := set $a "bearer_token_file" (printf "%s/%s" $tok.mountPath $tok.key) }}{{ end -}}
+{{- $_ := set $c "auth" $a -}}
+{{- end -}}
+{{- end -}}
 {{- toYaml $s -}}
+{{- end -}}
+
+{{/* "HTTPS" when the http listener (probes, /metrics, API) speaks TLS, else "HTTP". */}}
+{{- define "coeffd.httpScheme" -}}
+{{- $s := include "coeffd.effectiveSettings" . | fromYaml -}}
+{{- ternary "HTTPS" "HTTP" (not (empty (($s.http.tls | default dict).cert_file))) -}}
 {{- end -}}

@@ -21,6 +21,8 @@ the tracing and KV-event flags pointed at the sidecar on localhost.
 
 {{- define "coeffd.container" -}}
 {{- $v := .values -}}
+{{- $sec := $v.security | default dict -}}
+{{- $scheme := include "coeffd.httpScheme" . -}}
 - name: coeffd
   image: {{ include "coeffd.image" . | quote }}
   imagePullPolicy: {{ $v.image.pullPolicy }}
@@ -46,16 +48,19 @@ the tracing and KV-event flags pointed at the sidecar on localhost.
     httpGet:
       path: /healthz
       port: coeffd-http
+      scheme: {{ $scheme }}
     {{- toYaml $v.probes.startup | nindent 4 }}
   livenessProbe:
     httpGet:
       path: /healthz
       port: coeffd-http
+      scheme: {{ $scheme }}
     {{- toYaml $v.probes.liveness | nindent 4 }}
   readinessProbe:
     httpGet:
       path: /readyz
       port: coeffd-http
+      scheme: {{ $scheme }}
     {{- toYaml $v.probes.readiness | nindent 4 }}
   {{- with $v.resources }}
   resources:
@@ -71,6 +76,16 @@ the tracing and KV-event flags pointed at the sidecar on localhost.
       mountPath: {{ include "coeffd.dataDir" . }}
     - name: coeffd-tmp
       mountPath: /tmp
+    {{- with ($sec.tls | default dict) }}{{ if .secretName }}
+    - name: coeffd-tls
+      mountPath: {{ .mountPath }}
+      readOnly: true
+    {{- end }}{{ end }}
+    {{- with ($sec.token | default dict) }}{{ if .secretName }}
+    - name: coeffd-token
+      mountPath: {{ .mountPath }}
+      readOnly: true
+    {{- end }}{{ end }}
 {{- end -}}
 
 {{- define "coeffd.sidecarContainer" -}}
@@ -88,6 +103,23 @@ the tracing and KV-event flags pointed at the sidecar on localhost.
   emptyDir:
     medium: Memory
     sizeLimit: 64Mi
+{{- $sec := .values.security | default dict -}}
+{{- with ($sec.tls | default dict) }}{{ if .secretName }}
+- name: coeffd-tls
+  secret:
+    secretName: {{ .secretName }}
+    # world-readable inside the container only: a vLLM pod may not set fsGroup
+    defaultMode: 0444
+{{- end }}{{ end }}
+{{- with ($sec.token | default dict) }}{{ if .secretName }}
+- name: coeffd-token
+  secret:
+    secretName: {{ .secretName }}
+    items:
+      - key: {{ .key }}
+        path: {{ .key }}
+    defaultMode: 0444
+{{- end }}{{ end }}
 {{- end -}}
 
 {{- define "coeffd.sidecarVolumes" -}}
@@ -183,6 +215,18 @@ also be routed through a collector to a fleet.
 {{- end }}
 - name: OTEL_EXPERIMENTAL_RESOURCE_DETECTORS
   value: "otel,process"
+{{- $tok := (.values.security | default dict).token | default dict -}}
+{{- if and $tok.secretName (has (ternary "otlp_http" "otlp_grpc" (eq $t.otlpProtocol "http/protobuf")) $tok.listeners) }}
+# The sidecar's bearer token, from the same Secret (URL-encoded space, as
+# OTEL_EXPORTER_OTLP_HEADERS wants; use a URL-safe token, e.g. openssl rand -hex 32).
+- name: COEFFD_OTLP_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ $tok.secretName }}
+      key: {{ $tok.key }}
+- name: OTEL_EXPORTER_OTLP_TRACES_HEADERS
+  value: "authorization=Bearer%20$(COEFFD_OTLP_TOKEN)"
+{{- end }}
 {{- if $t.spanEventCountLimit }}
 - name: OTEL_SPAN_EVENT_COUNT_LIMIT
   value: {{ int64 $t.spanEventCountLimit | quote }}

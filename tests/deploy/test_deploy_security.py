@@ -1,0 +1,181 @@
+"""The chart's security wiring: Secret-mounted TLS material and bearer token, probes and
+ServiceMonitor that follow the http listener's scheme, and the NetworkPolicy; rendered
+and linted with the real Helm SDK, validated against Kubernetes' strict schemas, and the
+rendered config.toml loaded by the daemon's own settings against real certificates laid
+out like the mounted Secrets."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deploy_helpers import (
+    CHART,
+    K8S_VERSIONS,
+    config_toml,
+    lint,
+    manifests,
+    one,
+    render,
+    validate_k8s,
+    wrapper_chart,
+)
+from test_deploy_chart import SIDECAR_VALUES
+
+from daemon.settings import load_settings
+from tests.receivers.tls_certs import make_certs
+
+SECURED: dict[str, Any] = {
+    "security": {
+        "tls": {"secretName": "coeffd-tls", "clientCA": True},
+        "token": {"secretName": "coeffd-token"},
+    },
+    "settings": {"http": {"metrics_public": False}},
+    "fleet": {
+        "serviceMonitor": {
+            "enabled": True,
+            "tlsConfig": {"ca": {"secret": {"name": "coeffd-tls", "key": "ca.crt"}}},
+        }
+    },
+    "networkPolicy": {
+        "receivers": [
+            {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "otel-collector"}}},
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "serving"}}},
+        ],
+        "api": [{"podSelector": {"matchLabels": {"app": "blis"}}}],
+    },
+}
+
+
+def _container(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    pod = one(docs, "StatefulSet")["spec"]["template"]["spec"]
+    (c,) = [c for c in pod["containers"] if c["name"] == "coeffd"]
+    return pod, c
+
+
+def test_secured_chart_lints_and_validates() -> None:
+    assert lint(CHART, SECURED) == []
+    for version in K8S_VERSIONS:
+        for doc in manifests(render(CHART, SECURED)):
+            validate_k8s(doc, version)
+
+
+def test_secrets_are_mounted_where_the_config_points() -> None:
+    docs = manifests(render(CHART, SECURED))
+    pod, c = _container(docs)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["coeffd-tls"]["secret"]["secretName"] == "coeffd-tls"
+    assert volumes["coeffd-token"]["secret"]["items"] == [{"key": "token", "path": "token"}]
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["coeffd-tls"] == {
+        "name": "coeffd-tls",
+        "mountPath": "/etc/coeffd/tls",
+        "readOnly": True,
+    }
+    cfg = tomllib.loads(config_toml(docs))
+    for section in (cfg["receivers"]["otlp_grpc"], cfg["receivers"]["otlp_http"], cfg["http"]):
+        assert section["tls"] == {
+            "cert_file": "/etc/coeffd/tls/tls.crt",
+            "key_file": "/etc/coeffd/tls/tls.key",
+            "client_ca_file": "/etc/coeffd/tls/ca.crt",
+        }
+        assert section["auth"] == {"bearer_token_file": "/etc/coeffd/token/token"}
+    # every path the config names lies under a mount of the container
+    for path in ("/etc/coeffd/tls/tls.crt", "/etc/coeffd/token/token"):
+        assert any(path.startswith(m["mountPath"] + "/") for m in c["volumeMounts"]), path
+    assert cfg["http"]["metrics_public"] is False
+
+
+def test_probes_and_scrape_follow_the_http_scheme() -> None:
+    docs = manifests(render(CHART, SECURED))
+    _, c = _container(docs)
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"]["scheme"] == "HTTPS"
+        assert c[probe]["httpGet"]["path"] in ("/healthz", "/readyz")  # never guarded
+    ep = one(docs, "ServiceMonitor")["spec"]["endpoints"][0]
+    assert ep["scheme"] == "https"
+    assert ep["tlsConfig"] == SECURED["fleet"]["serviceMonitor"]["tlsConfig"]
+    assert ep["authorization"]["credentials"] == {"name": "coeffd-token", "key": "token"}
+
+    plain = manifests(render(CHART, {"fleet": {"serviceMonitor": {"enabled": True}}}))
+    _, c = _container(plain)
+    assert c["livenessProbe"]["httpGet"]["scheme"] == "HTTP"
+    ep = one(plain, "ServiceMonitor")["spec"]["endpoints"][0]
+    assert "scheme" not in ep and "authorization" not in ep
+
+
+def test_explicit_setting_wins_and_listeners_can_be_chosen() -> None:
+    values = {
+        "security": {"tls": {"secretName": "t", "listeners": ["otlp_grpc"]}},
+        "settings": {"receivers": {"otlp_grpc": {"tls": {"cert_file": "/custom/c.pem"}}}},
+    }
+    cfg = tomllib.loads(config_toml(manifests(render(CHART, values))))
+    assert cfg["receivers"]["otlp_grpc"]["tls"]["cert_file"] == "/custom/c.pem"
+    assert cfg["receivers"]["otlp_grpc"]["tls"]["key_file"] == "/etc/coeffd/tls/tls.key"
+    assert cfg["receivers"]["otlp_grpc"]["tls"]["client_ca_file"] == ""
+    assert cfg["receivers"]["otlp_http"]["tls"]["cert_file"] == ""
+    assert cfg["http"]["tls"]["cert_file"] == ""
+
+
+def test_network_policy_admits_only_the_configured_peers() -> None:
+    np = one(manifests(render(CHART, SECURED)), "NetworkPolicy")
+    assert np["spec"]["policyTypes"] == ["Ingress"]
+    assert np["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "coeffd"
+    rules = np["spec"]["ingress"]
+    by_ports = {tuple(p["port"] for p in r["ports"]): r["from"] for r in rules}
+    assert by_ports[(4317, 4318)] == SECURED["networkPolicy"]["receivers"]
+    prometheus = {
+        "namespaceSelector": {},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+    }
+    assert by_ports[(9464,)] == [prometheus, *SECURED["networkPolicy"]["api"]]
+    assert len(rules) == 2
+
+    closed = {"networkPolicy": {"receivers": [], "metrics": [], "api": []}}
+    np = one(manifests(render(CHART, closed)), "NetworkPolicy")
+    assert not np["spec"].get("ingress")  # allow-list with nothing on it: deny all ingress
+    assert all(d["kind"] != "NetworkPolicy" for d in manifests(render(CHART, SIDECAR_VALUES)))
+
+
+def test_rendered_config_loads_against_secrets_laid_out_as_mounted(tmp_path: Path) -> None:
+    # The Secrets' files where the chart mounts them (mountPath moved under tmp_path):
+    # the daemon's own settings validation checks the files exist and the key matches.
+    tls_dir, token_dir = tmp_path / "tls", tmp_path / "token"
+    tls_dir.mkdir()
+    token_dir.mkdir()
+    certs = make_certs(tmp_path)
+    (tls_dir / "tls.crt").write_bytes(certs.server_cert.read_bytes())
+    (tls_dir / "tls.key").write_bytes(certs.server_key.read_bytes())
+    (tls_dir / "ca.crt").write_bytes(certs.ca.read_bytes())
+    (token_dir / "token").write_text("t0ken\n")
+    values = {
+        **SECURED,
+        "security": {
+            "tls": {"secretName": "s", "clientCA": True, "mountPath": str(tls_dir)},
+            "token": {"secretName": "t", "mountPath": str(token_dir)},
+        },
+    }
+    path = tmp_path / "config.toml"
+    path.write_text(config_toml(manifests(render(CHART, values))))
+    s = load_settings(path, None, {})
+    assert s.receivers.otlp_grpc.tls.client_ca_file == str(tls_dir / "ca.crt")
+    assert s.http.auth.bearer_token_file == str(token_dir / "token")
+    (tls_dir / "tls.key").write_bytes(certs.other_key.read_bytes())  # a wrong Secret
+    with pytest.raises(Exception, match=r"tls\.key_file.*does not match"):
+        load_settings(path, None, {})
+
+
+def test_sidecar_vllm_gets_the_token_header(tmp_path: Path) -> None:
+    chart = wrapper_chart(tmp_path)
+    values = {"coeffd": {**SIDECAR_VALUES, "security": {"token": {"secretName": "tok"}}}}
+    pod = one(manifests(render(chart, values)), "Deployment")["spec"]["template"]["spec"]
+    (vllm,) = [c for c in pod["containers"] if c["name"] == "vllm"]
+    env = {e["name"]: e for e in vllm["env"]}
+    assert env["COEFFD_OTLP_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "tok", "key": "token"}
+    header = env["OTEL_EXPORTER_OTLP_TRACES_HEADERS"]["value"]
+    assert header == "authorization=Bearer%20$(COEFFD_OTLP_TOKEN)"
+    # the reference resolves: the variable it names is defined before it
+    names = [e["name"] for e in vllm["env"]]
+    assert names.index("COEFFD_OTLP_TOKEN") < names.index("OTEL_EXPORTER_OTLP_TRACES_HEADERS")
