@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from daemon.batchhist import BatchHistogram
 from daemon.checkpoint import CheckpointStore
@@ -66,16 +66,46 @@ _SHED_WARN_BELOW = 0.5
 _ARRIVAL_SAMPLE_MASK = 15  # step freshness is measured on every 16th step (see __init__)
 
 
-class ServeMetrics:
-    """Learning-side metric families (names: CONTRIBUTING.md), on the app's registry."""
+#: ``http.error_histograms``: per-configuration error histogram buckets (``off``: none).
+ERROR_HISTOGRAM_BUCKETS: dict[str, tuple[float, ...]] = {
+    "full": _ERROR_BUCKETS,
+    "coarse": (0.02, 0.05, 0.1, 0.3),
+}
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.relative_error = BatchHistogram(
-            "coeffd_prediction_relative_error",
-            "|measured - predicted| / measured of every observation, predicted before learning.",
-            ["config", "target", "coefficients"],
-            _ERROR_BUCKETS,
-            registry,
+
+class _NoHistogram:
+    """``http.error_histograms = "off"``: the rolling MAPE gauges only."""
+
+    def observe(self, key: tuple[str, ...], value: float) -> None:
+        pass
+
+    def observe_many(self, key: tuple[str, ...], values: Any) -> None:
+        pass
+
+
+class ServeMetrics:
+    """Learning-side metric families (names: CONTRIBUTING.md), on the app's registry.
+
+    ``error_histograms`` (``full``, ``coarse``, ``off``) sizes the per-configuration
+    prediction-error histograms, most of a configuration's series (README, Settings).
+    """
+
+    def __init__(self, registry: CollectorRegistry, error_histograms: str = "full") -> None:
+        self.relative_error: BatchHistogram | _NoHistogram = _NoHistogram()
+        if error_histograms != "off":
+            self.relative_error = BatchHistogram(
+                "coeffd_prediction_relative_error",
+                "|measured - predicted| / measured of every observation, predicted before "
+                "learning.",
+                ["config", "target", "coefficients"],
+                ERROR_HISTOGRAM_BUCKETS[error_histograms],
+                registry,
+            )
+        self.configuration_info = Info(
+            "coeffd_configuration",
+            "What each configuration id stands for (model, GPU, TP, knobs), for dashboards.",
+            ["config"],
+            registry=registry,
         )
         self.mape = Gauge(
             "coeffd_prediction_mape",
@@ -160,6 +190,12 @@ class ServeMetrics:
             ["state"],
             registry=registry,
         )
+
+
+def describe_configuration(metrics: ServeMetrics, cfg: ServingConfig) -> None:
+    """Export ``coeffd_configuration_info{config, model, gpu, tp, …} 1`` for ``cfg``."""
+    labels = {k: v for k, v in cfg.labels.items() if k != "config"}
+    metrics.configuration_info.labels(cfg.id).info(labels)
 
 
 class ConfigResolver:
@@ -372,6 +408,7 @@ class LearningConsumer:
                 self._configs[cid] = ServingConfig.from_dict(cfg)
             except (ServingConfigError, ValueError, KeyError, TypeError):
                 continue
+            describe_configuration(self.metrics, self._configs[cid])
         log.info(
             "learner state restored",
             path=restored.path,
@@ -474,7 +511,9 @@ class LearningConsumer:
                 continue
             resolved_any = True
             cid = cfg.id
-            self._configs.setdefault(cid, cfg)
+            if cid not in self._configs:
+                self._configs[cid] = cfg
+                describe_configuration(self.metrics, cfg)
             if isinstance(obs, StepObservation):
                 steps.setdefault(cid, (cfg, []))[1].append(obs)
                 continue

@@ -6,11 +6,19 @@ several daemons can live in one test process.
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
+
+from daemon.publish.snapshot import coeffd_version
 
 __all__ = ["ReceiverMetrics"]
+
+# Like other exporters: no ``*_created`` series (a timestamp per counter and histogram
+# child, ~1/3 of the series, that no dashboard or alert reads). Process-wide by design.
+prometheus_client.disable_created_metrics()
 
 #: Decode times of a request range from ~50 µs (one span) to ~100 ms (a 4 MB batch).
 _DECODE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -21,6 +29,11 @@ class ReceiverMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        # process_cpu_seconds_total, process_resident_memory_bytes, … (as every exporter)
+        ProcessCollector(registry=registry)
+        Info("coeffd_build", "The running coeffd.", registry=registry).info(
+            {"version": coeffd_version(), "python": platform.python_version()}
+        )
         self.events_received = Counter(
             "coeffd_events_received_total",
             "Records (spans and events) accepted into the pipeline, by receiver and kind.",

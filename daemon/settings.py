@@ -159,6 +159,10 @@ class HttpSettings(_Section):
     #: metrics hold counts and configuration ids, no telemetry). false = guarded like
     #: the API (give Prometheus ``authorization.credentials_file`` / a client cert).
     metrics_public: bool = True
+    #: Per-configuration prediction-error histograms on /metrics: ``full`` (14 buckets),
+    #: ``coarse`` (4) or ``off`` (the rolling MAPE gauges only): most of a
+    #: configuration's series (README "Settings" gives the counts).
+    error_histograms: Literal["full", "coarse", "off"] = "full"
 
 
 class PipelineSettings(_Section):

@@ -74,7 +74,7 @@ def build_consumer(
             settings.learners,
             resolver=BasisResolver(model_paths=model_paths or None, hardware=hardware),
         ),
-        metrics=ServeMetrics(registry),
+        metrics=ServeMetrics(registry, settings.http.error_histograms),
         resolver=ConfigResolver(static_config),
         store=store,
         checkpoints=checkpoints,
