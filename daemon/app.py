@@ -16,6 +16,7 @@ learners → publisher) need no locking.
 from __future__ import annotations
 
 import collections
+import functools
 import signal
 import threading
 import time
@@ -32,6 +33,7 @@ from daemon.log import RateLimiter
 from daemon.metrics import ReceiverMetrics
 from daemon.security import AuthMetrics, http_guard
 from daemon.settings import Settings, parse_endpoint
+from daemon.supervise import Supervisor
 from receivers.occupancy import Occupancy
 from receivers.otlp.decode import Decoder, count_kinds
 from receivers.records import Record
@@ -194,6 +196,16 @@ class Pipeline:
         """Whether the worker thread is running."""
         return self._thread is not None and self._thread.is_alive()
 
+    def restart(self) -> None:
+        """Start a new worker after the old one died (the supervisor calls this); the
+        batch it was inside is lost, the queue is kept."""
+        with self._cond:
+            if self.alive or self._stop:
+                return
+            self._thread = None
+            self._busy = False
+        self.start()
+
     def pause(self) -> None:
         """Stop handing batches to the consumer (tests: build up back-pressure)."""
         with self._cond:
@@ -339,6 +351,9 @@ class App:
         #: A check returns None when fine, else one line saying what is wrong. Components
         #: add theirs with :meth:`add_readiness_check` (state writes, KV streams, threads).
         self.readiness: dict[str, Callable[[], str | None]] = {}
+        #: Restarts dead worker threads; the ``threads`` readiness check names them.
+        self.supervisor = Supervisor(self.registry)
+        self.add_readiness_check("threads", self.supervisor.readiness)
         self._stop_event = threading.Event()
         self._started = False
         self._stopped = False
@@ -426,6 +441,8 @@ class App:
             self._started = True
         s = self.settings
         self.pipeline.start()
+        sup = self.supervisor
+        sup.watch("pipeline", lambda: self.pipeline.alive, self.pipeline.restart)
         listener, endpoint = "", ""
         try:
             if s.http.enabled:
@@ -439,6 +456,7 @@ class App:
                     host, port, self.router, name="http", ssl_context=tls, gate=gate
                 )
                 self._http.start()
+                sup.watch("http", lambda: bool(self._http and self._http.alive), self._http.restart)
             if s.receivers.otlp_grpc.enabled:
                 listener, endpoint = "otlp_grpc", s.receivers.otlp_grpc.endpoint
                 self._grpc = OtlpGrpcReceiver(self)
@@ -447,6 +465,8 @@ class App:
                 listener, endpoint = "otlp_http", s.receivers.otlp_http.endpoint
                 self._otlp_http = OtlpHttpReceiver(self)
                 self._otlp_http.start()
+                otlp_http = self._otlp_http
+                sup.watch("otlp_http", lambda: otlp_http.alive, otlp_http.restart)
             if s.kv.endpoints:
                 listener, endpoint = "kv", ",".join(s.kv.endpoints)
                 self._start_kv()
@@ -454,6 +474,7 @@ class App:
             log.error("cannot start listener", listener=listener, endpoint=endpoint, error=str(e))
             self.stop()
             raise
+        sup.start()
         self.ready = True
         log.info(
             "coeffd started",
@@ -497,6 +518,7 @@ class App:
             except zmq.ZMQError as e:
                 raise OSError(f"kv endpoint {endpoint}: {e}") from e
             self._kv.append(sub)
+            self.supervisor.watch("kv", functools.partial(getattr, sub, "alive"), sub.restart)
 
     @property
     def kv_endpoints(self) -> list[str]:
@@ -513,6 +535,7 @@ class App:
                 return True
             self._stopped = True
         self.ready = False
+        self.supervisor.stop()  # workers stopped on purpose are not restarted
         grace = min(self.settings.pipeline.drain_timeout_seconds, 5.0)
         if self._grpc is not None:
             self._grpc.stop(grace)

@@ -311,6 +311,17 @@ class HttpServer:
         )
         self._thread.start()
 
+    @property
+    def alive(self) -> bool:
+        """Whether the serving thread runs."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def restart(self) -> None:
+        """Serve again from a new thread after the old one died (supervision)."""
+        if self._thread is None or self._thread.is_alive():
+            return
+        self.start()
+
     def stop(self) -> None:
         """Stop accepting and close the socket."""
         if self._thread is not None:

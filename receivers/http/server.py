@@ -103,6 +103,15 @@ class OtlpHttpReceiver:
         """Start serving."""
         self._server.start()
 
+    @property
+    def alive(self) -> bool:
+        """Whether the serving thread runs."""
+        return self._server.alive
+
+    def restart(self) -> None:
+        """Serve again after the serving thread died (supervision)."""
+        self._server.restart()
+
     def stop(self) -> None:
         """Stop serving."""
         self._server.stop()

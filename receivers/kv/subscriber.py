@@ -301,6 +301,20 @@ class KVSubscriber:
             raise self._error
         return self
 
+    @property
+    def alive(self) -> bool:
+        """Whether the worker thread runs (False before start and after it died)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def restart(self) -> None:
+        """Open a new socket in a new thread after the old thread died (supervision)."""
+        if self.alive or self._stop.is_set():
+            return
+        self._thread = None
+        self._ready.clear()
+        self._error = None
+        self.start()
+
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the worker and close the socket."""
         self._stop.set()
