@@ -111,8 +111,7 @@ class CheckpointStore:
     """``<dir>/checkpoint.bin`` (latest) and ``<dir>/checkpoint.prev.bin`` (previous good)."""
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory = Path(directory)  # created by the first save, not before
         self.latest_path = self.directory / LATEST
         self.previous_path = self.directory / PREVIOUS
 
@@ -132,6 +131,7 @@ class CheckpointStore:
         file is touched.
         """
         data = encode_state(state)
+        self.directory.mkdir(parents=True, exist_ok=True)
         if self.latest_path.exists():
             old = self._valid_bytes(self.latest_path)
             if old is not None:

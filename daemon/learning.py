@@ -204,13 +204,31 @@ class ConfigResolver:
     A KV-event stream carries no resource: its source only names the engine
     (``coeffd.engine``, from the ZMQ topic). It resolves to the configuration that engine's
     spans announced, once they have been seen.
+
+    ``check`` (the learners' :meth:`~learners.features.config.BasisResolver.problem`)
+    vets a configuration the first time it is seen: one whose model or GPU names nothing
+    known is unconfigured, its source skipped with that reason (:meth:`reason`), logged
+    once. Telemetry only *names* models and GPUs; a name is never opened as a path.
     """
 
-    def __init__(self, static: ServingConfig | None = None) -> None:
+    #: Sources remembered (they come from the network: bounded).
+    MAX_SOURCES = 100_000
+
+    def __init__(
+        self,
+        static: ServingConfig | None = None,
+        check: Callable[[ServingConfig], str | None] | None = None,
+    ) -> None:
         self.static = static
+        self.check = check
         self._cache: dict[str, ServingConfig | None] = {}
+        self._reasons: dict[str, str] = {}  # source id → why it names no configuration
         self._engines: dict[str, ServingConfig] = {}
         self._warned: set[str] = set()
+
+    def reason(self, source: Source) -> str:
+        """Why ``source`` resolved to no configuration (a bounded metric label)."""
+        return self._reasons.get(source.id, "no_configuration")
 
     def resolve(self, source: Source) -> ServingConfig | None:
         """The configuration of ``source`` (None if it names none, or not yet)."""
@@ -228,20 +246,37 @@ class ConfigResolver:
         try:
             cfg = ServingConfig.from_resource(source)
         except (ServingConfigError, ValueError, KeyError) as e:
-            if sid not in self._warned and len(self._warned) < 10_000:
-                self._warned.add(sid)
-                log.warning(
-                    "telemetry source names no usable configuration; its observations are skipped",
-                    source=sid,
-                    error=str(e),
-                    attributes=dict(source.attributes),
-                )
+            self._warn_once(sid, source, str(e))
             return None
-        if len(self._cache) < 100_000:  # sources come from the network: bound the cache
+        problem = self.check(cfg) if self.check is not None else None
+        if problem is not None:
+            # The learners logged the details once per configuration; say which source.
+            self._warn_once(sid, source, f"{problem}: model {cfg.model!r}, gpu {cfg.gpu!r}")
+            if len(self._cache) < self.MAX_SOURCES:
+                self._cache[sid] = None
+                self._reasons[sid] = problem
+            return None
+        if len(self._cache) < self.MAX_SOURCES:
             self._cache[sid] = cfg
             if engine is not None:
                 self._engines[str(engine)] = cfg
         return cfg
+
+    def _warn_once(self, sid: str, source: Source, error: str) -> None:
+        if sid in self._warned or len(self._warned) >= 10_000:
+            return
+        self._warned.add(sid)
+        log.warning(
+            "telemetry source names no usable configuration; its observations are skipped",
+            source=sid,
+            error=error,
+            attributes={k: _short(v) for k, v in source.attributes},
+        )
+
+
+def _short(value: object) -> object:
+    # Attributes come from the network: a log line quotes at most 200 characters of one.
+    return value if not isinstance(value, str) or len(value) <= 200 else value[:200] + "..."
 
 
 @dataclass
@@ -481,7 +516,10 @@ class LearningConsumer:
         self._learn(self.joiner.flush(), now)
         self._shed_count()
         self.publish_due(now, force=True)
-        self.checkpoint()
+        if self.records:
+            # Nothing consumed: what is on disk already is this state, and a start that
+            # failed (a port in use) must leave no files behind.
+            self.checkpoint()
         self.writer.close()
         log.info(
             "learning consumer closed",
@@ -507,7 +545,7 @@ class LearningConsumer:
                         self.metrics.unresolved.labels("kv_engine_unknown").inc()
                     self._unresolved_kv.append(obs)
                 else:
-                    self.metrics.unresolved.labels("no_configuration").inc()
+                    self.metrics.unresolved.labels(self.resolver.reason(obs.source)).inc()
                 continue
             resolved_any = True
             cid = cfg.id

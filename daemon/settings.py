@@ -19,11 +19,13 @@ the CLI prints: ``invalid setting receivers.otlp_grpc.endpoint='foo': expected H
 
 from __future__ import annotations
 
+import errno
 import os
+import tempfile
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AfterValidator,
@@ -43,11 +45,15 @@ from pydantic_settings import (
 
 from daemon.security import AuthSettings, TlsSettings
 from learners.config import LearnersConfig
-from learners.features.config import ConfigurationSettings
+from learners.features.basis import BlisBasis
+from learners.features.config import CatalogSettings, ConfigurationSettings
+from learners.features.files import read_text_bounded
+from learners.features.hardware import load_hardware
 from receivers.joiner.config import JoinerConfig
 
 __all__ = [
     "HttpSettings",
+    "InvalidSetting",
     "KVSettings",
     "LogSettings",
     "OtlpGrpcSettings",
@@ -58,9 +64,11 @@ __all__ = [
     "Settings",
     "SettingsError",
     "StateSettings",
+    "check_startup",
     "format_validation_error",
     "load_settings",
     "parse_endpoint",
+    "unwritable",
 ]
 
 ENV_PREFIX = "COEFFD_"
@@ -69,6 +77,23 @@ CONFIG_ENV = "COEFFD_CONFIG"
 
 class SettingsError(Exception):
     """Settings could not be loaded; ``str(e)`` is the one line to show the user."""
+
+
+class InvalidSetting(ValueError):
+    """Raised by validators that judge several keys: names the key the user should fix.
+
+    >>> str(InvalidSetting("configuration.model", "required with mode = sidecar"))
+    'invalid setting configuration.model: required with mode = sidecar'
+    """
+
+    def __init__(self, key: str, message: str, value: Any = None) -> None:
+        shown = "" if value is None else f"={_shown(value)}"
+        super().__init__(f"invalid setting {key}{shown}: {message}")
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def parse_endpoint(value: str) -> tuple[str, int]:
@@ -310,11 +335,21 @@ class Settings(BaseSettings):
     #: The static configuration of a sidecar's vLLM (model, GPU, TP, knobs). Unset: every
     #: stream must name its configuration through ``coeffd.*`` resource attributes.
     configuration: ConfigurationSettings | None = None
+    #: Directories of models and GPUs that telemetry may name besides the bundled ones.
+    catalog: CatalogSettings = Field(default_factory=CatalogSettings)
 
     @model_validator(mode="after")
     def _sidecar_binds_localhost(self) -> Settings:
         # Only what vLLM sends to is local; /metrics stays reachable for Prometheus.
         if self.mode == "sidecar":
+            if self.configuration is None:
+                # A sidecar serves one vLLM whose spans carry no coeffd.* attributes: with
+                # no static configuration every observation would be skipped, silently.
+                raise InvalidSetting(
+                    "configuration.model",
+                    "required with mode = sidecar: give --model-config NAME|PATH "
+                    "(or [configuration] model = ...)",
+                )
             for section in (self.receivers.otlp_grpc, self.receivers.otlp_http):
                 if "endpoint" not in section.model_fields_set:
                     _, port = parse_endpoint(section.endpoint)
@@ -348,6 +383,9 @@ def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
 def format_validation_error(err: ValidationError, layers: Mapping[str, Any] | None = None) -> str:
     """One line naming the key, the offending value and what is allowed."""
     e = err.errors(include_url=False)[0]
+    cause = (e.get("ctx") or {}).get("error")
+    if isinstance(cause, InvalidSetting):
+        return str(cause)
     key = ".".join(str(p) for p in e["loc"]) or "<root>"
     msg = e["msg"]
     for prefix in ("Value error, ", "Assertion failed, "):
@@ -357,19 +395,67 @@ def format_validation_error(err: ValidationError, layers: Mapping[str, Any] | No
         return f"invalid setting {key}: unknown key"
     if e["type"] == "missing":
         return f"invalid setting {key}: required"
-    return f"invalid setting {key}={e.get('input')!r}: {msg}"
+    return f"invalid setting {key}={_shown(e.get('input'))}: {msg}"
 
 
 def _toml_layer(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
-        with Path(path).open("rb") as f:
-            return tomllib.load(f)
+        # Bounded, regular files only: a FIFO or device given as --config cannot hang us.
+        return tomllib.loads(read_text_bounded(path))
     except FileNotFoundError:
         raise SettingsError(f"invalid setting config={str(path)!r}: file not found") from None
     except tomllib.TOMLDecodeError as e:
         raise SettingsError(f"invalid setting config={str(path)!r}: {e}") from None
     except OSError as e:
-        raise SettingsError(f"invalid setting config={str(path)!r}: {e.strerror}") from None
+        fix = "; save the file as UTF-8" if e.errno == errno.EILSEQ else ""
+        raise SettingsError(f"invalid setting config={str(path)!r}: {e.strerror}{fix}") from None
+
+
+def _check_toml_types(data: dict[str, Any]) -> None:
+    """TOML values are typed: a number setting needs a number, a switch a boolean.
+
+    Validation is lax for env and ``--set`` (their values are strings), so it would also
+    read ``queue_capacity = true`` as 1 and ``enabled = 1`` as true; the TOML layer alone
+    is checked strictly for wrong types first. Other problems are left to the full check,
+    which sees every layer.
+    """
+    # Section by section: BaseSettings does not pass ``strict`` down to its fields.
+    for name, value in data.items():
+        field = Settings.model_fields.get(name)
+        section = None if field is None else _section_model(field.annotation)
+        if section is None or not isinstance(value, dict):
+            continue  # unknown keys and top-level values: the full check reports them
+        try:
+            section.model_validate(value, strict=True)
+        except ValidationError as err:
+            _raise_type_error(err, name)
+
+
+def _raise_type_error(err: ValidationError, section: str) -> None:
+    for e in err.errors(include_url=False):
+        # scalars only: strict mode would also refuse a TOML array for a tuple setting
+        if e["type"] in _SCALAR_TYPE_ERRORS:
+            key = ".".join(str(p) for p in (section, *e["loc"]))
+            kind = e["type"].removesuffix("_type")
+            wanted = _WANTED.get(kind, kind.replace("_", " "))
+            raise SettingsError(
+                f"invalid setting {key}={_shown(e.get('input'))}: expected {wanted} "
+                f"in the TOML file, got {_toml_type(e.get('input'))}"
+            ) from None
+
+
+_SCALAR_TYPE_ERRORS = frozenset({"int_type", "float_type", "bool_type", "string_type"})
+_WANTED = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "a boolean (true or false)",
+    "string": "a string",
+}
+
+
+def _toml_type(value: Any) -> str:
+    names = {bool: "boolean", int: "integer", float: "float", str: "string", list: "array"}
+    return names.get(type(value), "table" if isinstance(value, dict) else type(value).__name__)
 
 
 def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -382,7 +468,42 @@ def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
     # EnvSettingsSource reads os.environ; give it the mapping we were handed instead so
     # tests (and `serve` in a subprocess) are explicit about their environment.
     src.env_vars = {k.lower(): v for k, v in environ.items()}
+    _check_env_names(environ)
     return src()
+
+
+def _check_env_names(environ: Mapping[str, str]) -> None:
+    """Every ``COEFFD_<SECTION>__<KEY>`` variable must name a setting: pydantic-settings
+    silently ignores a misspelled section (``COEFFD_PIPELNE__QUEUE_CAPACITY``) while the
+    TOML file and ``--set`` reject it. Names without ``__`` are not checked: Kubernetes
+    puts ``COEFFD_PORT``, ``COEFFD_SERVICE_HOST``... of a Service named coeffd in every pod.
+    """
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or "__" not in upper:
+            continue
+        path = upper[len(ENV_PREFIX) :].lower().split("__")
+        model: type[BaseModel] | None = Settings
+        for depth, part in enumerate(path):
+            if model is None:  # a leaf (or a free-form mapping): the rest is its value
+                break
+            fields = model.model_fields
+            if part not in fields:
+                where = ".".join(path[:depth]) or "settings"
+                known = ", ".join(sorted(fields)) or "none"
+                raise SettingsError(
+                    f"invalid setting in environment {name}: {where} has no key {part!r} "
+                    f"(keys: {known})"
+                )
+            model = _section_model(fields[part].annotation)
+
+
+def _section_model(annotation: Any) -> type[BaseModel] | None:
+    """The settings model of a field (``Section`` or ``Section | None``), else None."""
+    for t in (annotation, *get_args(annotation)):
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            return t
+    return None
 
 
 def load_settings(
@@ -400,6 +521,7 @@ def load_settings(
     data: dict[str, Any] = {}
     if path:
         data = _toml_layer(path)
+        _check_toml_types(data)
     try:
         data = _deep_merge(data, _env_layer(env))
     except (ValueError, ValidationError) as e:  # e.g. malformed JSON in a complex env var
@@ -426,3 +548,74 @@ def set_override(overrides: dict[str, Any], dotted: str, value: Any) -> None:
             raise SettingsError(f"invalid setting {dotted}: {p} is not a section")
         node = nxt
     node[parts[-1]] = value
+
+
+def check_startup(settings: Settings) -> None:
+    """Start-up checks that need the file system; raise :class:`SettingsError` (one line).
+
+    A sidecar's static model and GPU must resolve now, not when the first data arrives
+    (``--hardware H101`` used to start and only warn then); the catalogue directories
+    must be directories; the state and snapshot directories must be writable (an
+    unwritable state dir used to start silently and lose every checkpoint). Nothing is
+    created here: a start that fails later leaves no files behind.
+    """
+    c = settings.configuration
+    if c is not None:
+        try:
+            spec = c.load_model()
+        except (ValueError, OSError) as e:
+            raise SettingsError(
+                f"invalid setting configuration.model={_shown(c.model)}: {e}"
+            ) from None
+        try:
+            hw = load_hardware(c.hardware, c.gpu)
+        except (ValueError, OSError) as e:
+            raise SettingsError(
+                f"invalid setting configuration.hardware={_shown(c.hardware)}: {e}"
+            ) from None
+        try:
+            BlisBasis(spec, hw, c.tp, c.dp, c.moe_comm_backend)
+        except ValueError as e:
+            raise SettingsError(f"invalid setting configuration.tp={c.tp}: {e}") from None
+    for key, value in (
+        ("catalog.models_dir", settings.catalog.models_dir),
+        ("catalog.hardware_dir", settings.catalog.hardware_dir),
+    ):
+        if value and not Path(value).is_dir():
+            raise SettingsError(f"invalid setting {key}={_shown(value)}: not a directory")
+    for key, value, off in (
+        ("state.state_dir", settings.state.state_dir, ' (or "" to disable checkpoints)'),
+        ("publish.snapshot_dir", settings.publish.snapshot_dir, ""),
+    ):
+        if value:
+            problem = unwritable(value)
+            if problem is not None:
+                raise SettingsError(
+                    f"invalid setting {key}={_shown(value)}: {problem}; "
+                    f"choose a directory this user can write{off}"
+                )
+
+
+def unwritable(directory: str | os.PathLike[str]) -> str | None:
+    """Why files cannot be created in ``directory`` (None when they can).
+
+    The directory, or for a missing one its nearest existing parent, is probed with a
+    temporary file (permissions, read-only mounts, a full disk's inodes, root included);
+    nothing is created.
+    """
+    p = Path(directory)
+    if p.exists() and not p.is_dir():
+        return "not a directory"
+    probe = p
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.absolute().parent
+    if not probe.is_dir():
+        return f"cannot be created: {probe} is not a directory"
+    try:
+        # an unnamed temporary file where the OS supports it: nothing is left behind
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as e:
+        where = "" if probe == p else f" in {probe}"
+        return f"not writable{where} ({e.strerror})"
+    return None

@@ -7,7 +7,13 @@ import sys
 from typing import Any
 
 from daemon.log import configure_logging
-from daemon.settings import Settings, SettingsError, load_settings, set_override
+from daemon.settings import (
+    Settings,
+    SettingsError,
+    check_startup,
+    load_settings,
+    set_override,
+)
 
 __all__ = ["EXIT_USAGE", "add_settings_arguments", "settings_from_args"]
 
@@ -87,8 +93,9 @@ def add_settings_arguments(p: argparse.ArgumentParser, *, serve: bool = False) -
 def settings_from_args(args: argparse.Namespace) -> Settings | None:
     """Load settings (defaults ← TOML ← env ← flags) and configure logging.
 
-    On invalid settings, prints the one-line error to stderr and returns None; the
-    command then exits with :data:`EXIT_USAGE`.
+    On invalid settings (values, or what :func:`~daemon.settings.check_startup` finds on
+    disk: a sidecar's model and GPU, writable directories), prints the one-line error to
+    stderr and returns None; the command then exits with :data:`EXIT_USAGE`.
     """
     overrides: dict[str, Any] = {}
     try:
@@ -102,6 +109,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings | None:
             if value is not None:
                 set_override(overrides, key, value)
         settings = load_settings(args.config, overrides)
+        check_startup(settings)
     except SettingsError as e:
         print(f"coeffd: {e}", file=sys.stderr)
         return None

@@ -68,14 +68,18 @@ def build_consumer(
         settings.publish.snapshot_dir, settings.publish.retention, registry=registry
     )
     checkpoints = CheckpointStore(settings.state.state_dir) if settings.state.state_dir else None
+    bases = BasisResolver(
+        model_paths=model_paths or None,
+        hardware=hardware,
+        models_dir=settings.catalog.models_dir or None,
+        hardware_dir=settings.catalog.hardware_dir or None,
+    )
     consumer = LearningConsumer(
         joiner=Joiner(settings.joiner, JoinerMetrics(registry)),
-        registry=LearnerRegistry(
-            settings.learners,
-            resolver=BasisResolver(model_paths=model_paths or None, hardware=hardware),
-        ),
+        registry=LearnerRegistry(settings.learners, resolver=bases),
         metrics=ServeMetrics(registry, settings.http.error_histograms),
-        resolver=ConfigResolver(static_config),
+        # telemetry names models and GPUs: unknown names are skipped and counted
+        resolver=ConfigResolver(static_config, check=bases.problem),
         store=store,
         checkpoints=checkpoints,
         policy=PublishPolicy(

@@ -19,9 +19,22 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from learners.features.files import plain_name
 from learners.features.model import ModelConfigError, ModelSpec
 
-__all__ = ["MODELS", "canonical_model_name", "load_model", "model_config", "resolve_model"]
+__all__ = [
+    "MODELS",
+    "UnknownModelError",
+    "canonical_model_name",
+    "find_model",
+    "load_model",
+    "model_config",
+    "resolve_model",
+]
+
+
+class UnknownModelError(ModelConfigError):
+    """A model name that neither the catalogue nor the operator's directory describes."""
 
 
 def _models_dir() -> Any:
@@ -114,3 +127,36 @@ def resolve_model(name_or_path: str | os.PathLike[str]) -> ModelSpec:
         f"{text!r} is neither a config.json path nor a bundled model; "
         f"bundled: {', '.join(_names())}"
     )
+
+
+def find_model(name: str, directory: str | os.PathLike[str] | None = None) -> ModelSpec:
+    """A model by *name* only (telemetry's ``coeffd.model``): never a path.
+
+    The bundled catalogue first (case-insensitive; an HF repo id ``org/name`` by its
+    last part), then the operator's ``directory``: ``<dir>/<name>/config.json`` or
+    ``<dir>/<name>.json``. The name (each part of an ``org/name``) must be a plain name:
+    no ``..``, no other separators. Raises :class:`UnknownModelError` when nothing has it,
+    :class:`~learners.features.files.NotANameError` for a path.
+
+    >>> find_model("meta-llama/Llama-3.1-8B-Instruct").name
+    'llama-3.1-8b-instruct'
+    >>> find_model("/dev/zero")
+    Traceback (most recent call last):
+    ...
+    learners.features.files.NotANameError: model '/dev/zero' is not a plain name (no path separators, '..', control characters; at most 200 characters)
+    """
+    key = plain_name(name, "model", org=True).rsplit("/", 1)[-1]
+    canon = canonical_model_name(name)
+    if canon is not None:
+        return load_model(canon)
+    if directory is not None:
+        base = Path(directory)
+        for candidate in (base / key / "config.json", base / f"{key}.json"):
+            try:
+                return ModelSpec.from_config(candidate, name=key)
+            except ModelConfigError as exc:
+                if isinstance(exc.__cause__, FileNotFoundError | NotADirectoryError):
+                    continue
+                raise
+    where = "bundled" + (f" or in {directory}" if directory is not None else "")
+    raise UnknownModelError(f"unknown model {name!r}: not {where}; bundled: {', '.join(_names())}")

@@ -64,19 +64,34 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from learners.features.basis import BlisBasis
-from learners.features.catalog import MODELS, canonical_model_name, load_model
-from learners.features.hardware import load_hardware
+from learners.features.catalog import (
+    MODELS,
+    UnknownModelError,
+    canonical_model_name,
+    find_model,
+    load_model,
+)
+from learners.features.files import NotANameError
+from learners.features.hardware import (
+    HardwareError,
+    HardwareSpec,
+    UnknownGpuError,
+    find_hardware,
+    load_hardware,
+)
 from learners.features.model import ModelConfigError, ModelSpec
 from receivers.records import Source
 
 __all__ = [
     "ATTRIBUTE_PREFIX",
     "BasisResolver",
+    "CatalogSettings",
     "ConfigurationSettings",
     "ServingConfig",
     "ServingConfigError",
     "engine_identity",
     "parse_bool",
+    "problem_reason",
 ]
 
 log = structlog.get_logger(__name__)
@@ -368,6 +383,21 @@ class ConfigurationSettings(BaseModel):
         return BlisBasis(self.load_model(), hw, self.tp, self.dp, self.moe_comm_backend)
 
 
+class CatalogSettings(BaseModel):
+    """Where models and GPUs named by telemetry are found besides the bundled ones.
+
+    Telemetry only ever *names* a model or GPU; these operator-owned directories extend
+    the names it may use (entries resolved safely: plain names, regular files, bounded).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+    #: ``<models_dir>/<name>/config.json`` or ``<models_dir>/<name>.json``; "" = bundled only.
+    models_dir: str = ""
+    #: ``<hardware_dir>/<GPU>.json`` (a BLIS-format sheet or one entry); "" = bundled only.
+    hardware_dir: str = ""
+
+
 def _resolve_model(ref: str, *, name: str | None = None) -> ModelSpec:
     p = Path(ref)
     if p.exists():
@@ -384,23 +414,34 @@ def _resolve_model(ref: str, *, name: str | None = None) -> ModelSpec:
 class BasisResolver:
     """Turns :class:`ServingConfig` into ready :class:`BlisBasis` objects, cached by id.
 
-    Models come from ``model_paths`` (name → ``config.json`` path or folder) first, then
-    the bundled catalogue; GPUs from ``hardware`` (a sheet path) first, then the bundled
-    sheet. A configuration that cannot be resolved raises the same error each time but is
-    logged only once.
+    A configuration's ``model`` and ``gpu`` come from telemetry, so they are *names*,
+    never paths (:mod:`learners.features.files`). Models come from ``model_paths``
+    (operator settings: name → ``config.json`` path or folder) first, then the bundled
+    catalogue, then ``models_dir`` (``<dir>/<name>/config.json`` or ``<dir>/<name>.json``);
+    GPUs from ``hardware`` (an operator's sheet path) first, then the bundled sheet, then
+    ``hardware_dir/<name>.json``. A configuration that cannot be resolved raises the same
+    error each time but is logged only once; :meth:`problem` says why, as a metric label.
 
     >>> r = BasisResolver()
     >>> r.basis(ServingConfig(model="llama-3.1-8b-instruct", gpu="H100", tp=2)).tp
     2
     """
 
+    #: Cached outcomes kept (configurations come from the network: bound them).
+    MAX_CACHED = 10_000
+
     def __init__(
         self,
         model_paths: Mapping[str, str | os.PathLike[str]] | None = None,
         hardware: str | os.PathLike[str] | None = None,
+        *,
+        models_dir: str | os.PathLike[str] | None = None,
+        hardware_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self._model_paths = {k.lower(): v for k, v in (model_paths or {}).items()}
-        self._hardware = hardware
+        self._hardware = None if hardware is None else os.fspath(hardware)
+        self._models_dir = models_dir or None
+        self._hardware_dir = hardware_dir or None
         self._cache: dict[str, BlisBasis | Exception] = {}
         self._lock = threading.Lock()
 
@@ -410,7 +451,7 @@ class BasisResolver:
         if path is not None:
             spec = ModelSpec.from_config(path, name=config.model)
         else:
-            spec = _resolve_model(config.model)
+            spec = find_model(config.model, self._models_dir)
         if config.model_config_hash and config.model_config_hash != spec.config_hash:
             log.warning(
                 "model_config_hash_mismatch",
@@ -420,6 +461,10 @@ class BasisResolver:
                 local=spec.config_hash,
             )
         return spec
+
+    def hardware(self, config: ServingConfig) -> HardwareSpec:
+        """The GPU sheet entry a configuration names."""
+        return find_hardware(config.gpu, self._hardware_dir, self._hardware)
 
     def basis(self, config: ServingConfig) -> BlisBasis:
         """The basis for a configuration (cached; errors re-raised, logged once)."""
@@ -431,16 +476,12 @@ class BasisResolver:
         if isinstance(hit, Exception):
             raise hit
         try:
-            hw = None
-            if self._hardware is not None:
-                try:
-                    hw = load_hardware(self._hardware, config.gpu)
-                except ValueError:
-                    hw = None
-            if hw is None:
-                hw = load_hardware(config.gpu)
             built: BlisBasis | Exception = BlisBasis(
-                self.model(config), hw, config.tp, config.dp, config.moe_comm_backend
+                self.model(config),
+                self.hardware(config),
+                config.tp,
+                config.dp,
+                config.moe_comm_backend,
             )
         except ValueError as exc:
             log.warning(
@@ -448,7 +489,34 @@ class BasisResolver:
             )
             built = exc
         with self._lock:
+            while len(self._cache) >= self.MAX_CACHED:
+                del self._cache[next(iter(self._cache))]  # oldest first (insertion order)
             self._cache[key] = built
         if isinstance(built, Exception):
             raise built
         return built
+
+    def problem(self, config: ServingConfig) -> str | None:
+        """None when ``config`` resolves, else why not (a bounded metric label):
+        ``invalid_name`` (a path or unprintable), ``unknown_model``, ``unknown_gpu``,
+        ``invalid_model`` / ``invalid_hardware`` (a file that does not parse),
+        ``invalid_configuration`` (e.g. TP the model cannot be split by)."""
+        try:
+            self.basis(config)
+        except ValueError as exc:
+            return problem_reason(exc)
+        return None
+
+
+def problem_reason(exc: BaseException) -> str:
+    """The metric label for a model/GPU resolution error (see :meth:`BasisResolver.problem`)."""
+    for kind, reason in (
+        (NotANameError, "invalid_name"),
+        (UnknownModelError, "unknown_model"),
+        (UnknownGpuError, "unknown_gpu"),
+        (ModelConfigError, "invalid_model"),
+        (HardwareError, "invalid_hardware"),
+    ):
+        if isinstance(exc, kind):
+            return reason
+    return "invalid_configuration"

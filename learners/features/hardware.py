@@ -14,7 +14,7 @@ sheet BLIS accepts is accepted here too.
 >>> load_hardware("H999")
 Traceback (most recent call last):
 ...
-learners.features.hardware.HardwareError: unknown GPU 'H999' in bundled sheet; available: A100-80, A100-SXM, B200, H100, H200, L40S
+learners.features.hardware.UnknownGpuError: unknown GPU 'H999' in bundled sheet; available: A100-80, A100-SXM, B200, H100, H200, L40S
 """
 
 from __future__ import annotations
@@ -29,11 +29,25 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HardwareError", "HardwareSpec", "available_gpus", "load_hardware", "load_sheet"]
+from learners.features.files import plain_name, read_text_bounded
+
+__all__ = [
+    "HardwareError",
+    "HardwareSpec",
+    "UnknownGpuError",
+    "available_gpus",
+    "find_hardware",
+    "load_hardware",
+    "load_sheet",
+]
 
 
 class HardwareError(ValueError):
     """A GPU that no sheet describes, or a sheet that cannot be read."""
+
+
+class UnknownGpuError(HardwareError):
+    """A GPU name that neither the bundled sheet nor the operator's directory describes."""
 
 
 # Canonical key → dataclass field.
@@ -136,7 +150,7 @@ def load_sheet(path: str | os.PathLike[str] | None = None) -> dict[str, Hardware
         return dict(_bundled())
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = json.loads(read_text_bounded(p))  # regular files only, bounded
     except OSError as exc:
         raise HardwareError(f"{p}: cannot read hardware sheet: {exc}") from exc
     except json.JSONDecodeError as exc:
@@ -177,9 +191,57 @@ def load_hardware(name_or_path: str | os.PathLike[str], gpu: str | None = None) 
     try:
         return sheet[gpu]
     except KeyError:
-        raise HardwareError(
+        raise UnknownGpuError(
             f"unknown GPU {gpu!r} in {where}; available: {', '.join(sorted(sheet))}"
         ) from None
+
+
+def find_hardware(
+    name: str, directory: str | os.PathLike[str] | None = None, sheet: str | None = None
+) -> HardwareSpec:
+    """A GPU by *name* only (telemetry's ``coeffd.gpu``): never a path.
+
+    Looked up in the operator's ``sheet`` (a path from settings) when given, then the
+    bundled sheet, then ``directory/<name>.json`` (a BLIS-format sheet holding ``name``,
+    or a single entry). Raises :class:`UnknownGpuError` when none has it.
+
+    >>> find_hardware("H100").name
+    'H100'
+    >>> find_hardware("/dev/zero")
+    Traceback (most recent call last):
+    ...
+    learners.features.files.NotANameError: gpu '/dev/zero' is not a plain name (no path separators, '..', control characters; at most 200 characters)
+    """
+    plain_name(name, "gpu")
+    if sheet is not None:
+        try:
+            return load_hardware(sheet, name)
+        except UnknownGpuError:
+            pass
+    bundled = _bundled()
+    if name in bundled:
+        return bundled[name]
+    if directory is not None:
+        entries = load_sheet_if_present(Path(directory) / f"{name}.json")
+        if entries is not None:
+            if name in entries:
+                return entries[name]
+            if len(entries) == 1:
+                return next(iter(entries.values()))
+    where = "the bundled sheet" + (f" or {directory}" if directory is not None else "")
+    raise UnknownGpuError(
+        f"unknown GPU {name!r}: not in {where}; bundled: {', '.join(sorted(bundled))}"
+    )
+
+
+def load_sheet_if_present(path: Path) -> dict[str, HardwareSpec] | None:
+    """:func:`load_sheet`, or None when there is no such file."""
+    try:
+        return load_sheet(path)
+    except HardwareError as exc:
+        if isinstance(exc.__cause__, FileNotFoundError | NotADirectoryError):
+            return None
+        raise
 
 
 def spec_from_mapping(name: str, entry: Mapping[str, Any]) -> HardwareSpec:

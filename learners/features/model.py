@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from learners.features.files import read_text_bounded
+
 __all__ = [
     "DTYPE_BYTES",
     "ModelConfigError",
@@ -267,7 +269,7 @@ class ModelSpec:
                 p = p / "config.json"
             source = source or str(p)
             try:
-                text = p.read_text(encoding="utf-8")
+                text = read_text_bounded(p)  # regular files only, bounded: never a FIFO
             except OSError as exc:
                 raise ModelConfigError(f"{source}: cannot read model config: {exc}") from exc
             try:

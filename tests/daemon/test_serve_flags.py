@@ -50,5 +50,8 @@ def test_missing_model_config_file_is_named(tmp_path: Path) -> None:
         "--otlp-http-endpoint", "127.0.0.1:0",
         cwd=ROOT,
     )  # fmt: skip
-    assert proc.returncode == 1
-    assert str(missing) in proc.stdout + proc.stderr
+    # a settings error like any other: exit 2, one plain line on stderr, nothing on stdout
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("coeffd: invalid setting ")
+    assert "configuration.model=" in proc.stderr and str(missing) in proc.stderr
