@@ -288,23 +288,34 @@ class DaemonProc:
         if shutil.which("taskset") and (os.cpu_count() or 1) > 1:
             cmd = ["taskset", "-c", "1", *cmd]
         self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
         self.ports: dict[str, int] = {}
+        #: The last log lines (bench soak reports them when the daemon dies).
+        self.tail: collections.deque[str] = collections.deque(maxlen=200)
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
+            self.tail.append(line)
             if '"coeffd started"' in line:
                 self.ports = {
                     k: int(re.search(rf'"{k}": (\d+)', line).group(1))  # type: ignore[union-attr]
-                    for k in ("http", "otlp_grpc")
+                    for k in ("http", "otlp_grpc", "otlp_http")
                 }
                 break
         threading.Thread(target=self._drain, daemon=True).start()
 
     def _drain(self) -> None:
         assert self.proc.stdout is not None
-        for _ in self.proc.stdout:
-            pass
+        for line in self.proc.stdout:
+            self.tail.append(line)
+
+    def last_lines(self, n: int) -> str:
+        """The last ``n`` log lines, joined."""
+        return " | ".join(line.strip() for line in list(self.tail)[-n:])
+
+    def find(self, text: str) -> str | None:
+        """The last kept log line containing ``text``."""
+        return next((line.strip() for line in reversed(self.tail) if text in line), None)
 
     def metrics(self) -> dict[str, Any]:
         url = f"http://127.0.0.1:{self.ports['http']}/metrics"
@@ -329,12 +340,23 @@ class DaemonProc:
         status = Path(f"/proc/{pid}/status").read_text()
         return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024  # type: ignore[union-attr]
 
+    def hwm_mb(self) -> float:
+        """Peak RSS so far (``VmHWM``)."""
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        return int(re.search(r"VmHWM:\s+(\d+)", status).group(1)) / 1024  # type: ignore[union-attr]
+
     def stop(self) -> None:
+        self.stop_code()
+
+    def stop_code(self) -> int | None:
+        """SIGTERM, wait up to 60 s (then SIGKILL); the exit code (None if killed)."""
         self.proc.terminate()
         try:
-            self.proc.wait(60)
+            return self.proc.wait(60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait(10)
+            return None
 
 
 def quantile(buckets: list[tuple[float, float]], q: float) -> float:
