@@ -44,7 +44,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,6 +127,7 @@ class Soak:
         self.health: list[tuple[float, float, int]] = []  # (t, seconds, status)
         self.ready_fail = collections.Counter[str]()
         self.oom = ""
+        self.inflight = collections.Counter[str]()
         self.peak_mb = 0.0  # the highest RSS the sampler saw (VmHWM is gone with the process)
         self.timeline: list[tuple[float, float, float, float, float]] = []
         self.t0 = time.monotonic()
@@ -167,13 +168,25 @@ class Soak:
         with self.lock:
             self.tallies[name].add(answer, seconds)
 
+    @contextlib.contextmanager
+    def attacking(self, name: str) -> Iterator[None]:
+        """Mark ``name`` in flight (an OOM kill names the attacks it interrupted)."""
+        with self.lock:
+            self.inflight[name] += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.inflight[name] -= 1
+
     def call_grpc(self, name: str, body: bytes, timeout: float = 120.0) -> None:
         t = time.monotonic()
-        try:
-            self.export(body, timeout=timeout)
-            answer = "OK"
-        except grpc.RpcError as e:
-            answer = e.code().name
+        with self.attacking(name):
+            try:
+                self.export(body, timeout=timeout)
+                answer = "OK"
+            except grpc.RpcError as e:
+                answer = e.code().name
         self.tally(name, answer, time.monotonic() - t)
 
     def call_http(
@@ -184,14 +197,15 @@ class Soak:
         for k, v in (headers or {}).items():
             req.add_header(k, v)
         t = time.monotonic()
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                r.read()
-                answer = str(r.status)
-        except urllib.error.HTTPError as e:
-            answer = str(e.code)
-        except (OSError, ValueError) as e:
-            answer = type(getattr(e, "reason", e)).__name__
+        with self.attacking(name):
+            try:
+                with urllib.request.urlopen(req, timeout=timeout) as r:
+                    r.read()
+                    answer = str(r.status)
+            except urllib.error.HTTPError as e:
+                answer = str(e.code)
+            except (OSError, ValueError) as e:
+                answer = type(getattr(e, "reason", e)).__name__
         self.tally(name, answer, time.monotonic() - t)
 
     def live(self, req: ExportTraceServiceRequest, tag: int) -> ExportTraceServiceRequest:
@@ -442,7 +456,13 @@ class Soak:
                 rss = self.d.rss_mb()
                 self.peak_mb = max(self.peak_mb, rss)
                 if rss > RSS_GUARD_MB:
-                    self.oom = f"RSS {rss:.0f} MB at {time.monotonic() - self.t0:.0f} s: killed by the bench's {RSS_GUARD_MB:.0f} MB guard (the pod is OOM-killed at {RSS_LIMIT_MB:.0f} MB)"
+                    with self.lock:
+                        busy = sorted(k for k, v in self.inflight.items() if v)
+                    self.oom = (
+                        f"RSS {rss:.0f} MB at {time.monotonic() - self.t0:.0f} s: killed by the "
+                        f"bench's {RSS_GUARD_MB:.0f} MB guard (the pod is OOM-killed at "
+                        f"{RSS_LIMIT_MB:.0f} MB); attacks in flight: {', '.join(busy) or 'none'}"
+                    )
                     self.d.proc.kill()
                     return
             if n % 10:
