@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from daemon.commands import basis, demo, pull, replay, serve, simfleet
+from daemon.commands import basis, configurations, demo, pull, replay, serve, simfleet
 from daemon.publish.snapshot import coeffd_version
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -23,6 +23,7 @@ COMMANDS: tuple[ModuleType, ...] = (
     replay,
     simfleet,
     pull,
+    configurations,
     basis,
 )
 

@@ -23,7 +23,9 @@ def _help(command: str) -> str:
     return text
 
 
-@pytest.mark.parametrize("command", ["serve", "demo", "replay", "simfleet", "pull", "basis"])
+@pytest.mark.parametrize(
+    "command", ["serve", "demo", "replay", "simfleet", "pull", "configurations", "basis"]
+)
 def test_help_is_plain_text_with_the_real_port(command: str) -> None:
     """No reStructuredText markup, no "see docs", no port the daemon does not use."""
     text = _help(command)

@@ -1,18 +1,25 @@
-"""/metrics like other exporters (issue 19), read by a real HTTP scrape parsed with
-prometheus-client's parser: build info, the process collector, no ``_created`` series,
-names beside ids (``coeffd_configuration_info``), and ``http.error_histograms`` sizing the
-per-configuration series."""
+"""Names beside ids and /metrics like other exporters (issue 19), on a daemon that learned
+a simulated fleet: a real HTTP scrape parsed with prometheus-client's parser (build info,
+the process collector, no ``_created`` series, ``coeffd_configuration_info``,
+``http.error_histograms`` sizing the per-configuration series) and ``coeffd
+configurations`` against the live server and the snapshot directory."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
+import json
 import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from daemon.commands import configurations
 from daemon.commands.replay import replay_settings, run_replay
 from daemon.commands.serve import build_app
 from daemon.learning import LearningConsumer
@@ -29,30 +36,52 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _scrape(traces: Path, tmp: Path, histograms: str) -> tuple[list[Any], list[str]]:
-    settings = load_settings(
-        overrides={
-            "http": {"endpoint": "127.0.0.1:0", "error_histograms": histograms},
-            "receivers": {"otlp_grpc": {"enabled": False}, "otlp_http": {"enabled": False}},
-            "publish": {"snapshot_dir": str(tmp / "snaps")},
-            "state": {"state_dir": ""},
-            "log": {"level": "warning"},
-        },
-        environ={},
+def _configurations(**kw: Any) -> tuple[int, str]:
+    args = argparse.Namespace(
+        **{"server": "", "timeout": 30.0, "snapshot_dir": None, "json": False, **kw}
     )
-    app = build_app(replay_settings(settings, serve=True), live=False)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = configurations.run(args)
+    return code, out.getvalue()
+
+
+def _scrape(traces: Path, tmp: Path, histograms: str) -> tuple[list[Any], list[str], dict]:
+    """Replay the fleet into a daemon and stop it (every step learned and published);
+    then start a second daemon on the same state and snapshots and scrape it over HTTP.
+
+    Returns the live scrape, the configuration ids, the ``coeffd configurations``
+    listings and (under ``"learned"``) the first daemon's final exposition, whose
+    per-configuration series are complete (a restart keeps state, not histograms)."""
+    overrides = {
+        "http": {"endpoint": "127.0.0.1:0", "error_histograms": histograms},
+        "receivers": {"otlp_grpc": {"enabled": False}, "otlp_http": {"enabled": False}},
+        "publish": {"snapshot_dir": str(tmp / "snaps")},
+        "state": {"state_dir": str(tmp / "state")},
+        "log": {"level": "warning"},
+    }
+    settings = replay_settings(load_settings(overrides=overrides, environ={}), serve=True)
+    first = build_app(settings, live=False)
+    first.start()
+    run_replay(first, [str(traces)], show_progress=False)
+    first.stop()
+    assert isinstance(first.consumer, LearningConsumer)
+    ids = list(first.consumer.registry.ids())
+    learned = list(text_string_to_metric_families(generate_latest(first.registry).decode()))
+    app = build_app(settings)
     app.start()
     try:
-        run_replay(app, [str(traces)], show_progress=False)
-        assert isinstance(app.consumer, LearningConsumer)
-        app.consumer.publish_due(0.0, force=True)
-        ids = list(app.consumer.registry.ids())
-        url = f"http://127.0.0.1:{app.http_port}/metrics"
-        with urllib.request.urlopen(url, timeout=30) as resp:
+        assert isinstance(app.consumer, LearningConsumer) and app.consumer.restored
+        server = f"http://127.0.0.1:{app.http_port}"
+        with urllib.request.urlopen(server + "/metrics", timeout=30) as resp:
             text = resp.read().decode()
+        listings: dict[str, Any] = {"server": _configurations(server=server, json=True)}
+        listings["table"] = _configurations(server=server)
     finally:
         app.stop()
-    return list(text_string_to_metric_families(text)), ids
+    listings["dir"] = _configurations(snapshot_dir=str(tmp / "snaps"), json=True)
+    listings["learned"] = learned
+    return list(text_string_to_metric_families(text)), ids, listings
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +97,7 @@ def _samples(families: list[Any]) -> list[Any]:
 
 
 def test_build_info_process_collector_and_no_created_series(scrapes: dict[str, Any]) -> None:
-    families, _ = scrapes["full"]
+    families, _, _ = scrapes["full"]
     samples = _samples(families)
     build = [s for s in samples if s.name == "coeffd_build_info"]
     assert len(build) == 1 and build[0].value == 1.0
@@ -79,7 +108,7 @@ def test_build_info_process_collector_and_no_created_series(scrapes: dict[str, A
 
 
 def test_configuration_info_names_every_id(scrapes: dict[str, Any]) -> None:
-    families, ids = scrapes["full"]
+    families, ids, _ = scrapes["full"]
     info = {
         s.labels["config"]: s for s in _samples(families) if s.name == "coeffd_configuration_info"
     }
@@ -96,21 +125,66 @@ def _per_config(families: list[Any], ids: list[str]) -> Counter[str]:
 def test_error_histograms_setting_sizes_the_series_per_configuration(
     scrapes: dict[str, Any],
 ) -> None:
-    counts = {mode: _per_config(*scrapes[mode]) for mode in scrapes}
+    counts = {m: _per_config(scrapes[m][2]["learned"], scrapes[m][1]) for m in scrapes}
     ids = scrapes["full"][1]
     for cid in ids:
         assert counts["full"][cid] > counts["coarse"][cid] > counts["off"][cid] > 0
     for mode in counts:  # README "Settings" states these
         print(mode, "series per configuration: max", max(counts[mode].values()))
-    off = {s.name for s in _samples(scrapes["off"][0])}
+    off = {s.name for s in _samples(scrapes["off"][2]["learned"])}
     assert not [n for n in off if n.startswith("coeffd_prediction_relative_error")]
     # coarse: 4 finite buckets + Inf per histogram
     coarse = [
         s
-        for s in _samples(scrapes["coarse"][0])
+        for s in _samples(scrapes["coarse"][2]["learned"])
         if s.name == "coeffd_prediction_relative_error_bucket"
     ]
     per_child = Counter(
         tuple(sorted((k, v) for k, v in s.labels.items() if k != "le")) for s in coarse
     )
     assert set(per_child.values()) == {5}
+
+
+def test_configurations_lists_names_beside_ids(scrapes: dict[str, Any]) -> None:
+    families, ids, listings = scrapes["full"]
+    code, out = listings["server"]
+    assert code == 0
+    # (the daemon's own log lines share stdout in this process)
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith('{"id"')]
+    assert sorted(r["id"] for r in rows) == sorted(ids)
+    info = {
+        s.labels["config"]: s.labels
+        for s in _samples(families)
+        if s.name == "coeffd_configuration_info"
+    }
+    for r in rows:
+        labels = info[r["id"]]
+        assert (r["model"], r["gpu"], r["tp"]) == (labels["model"], labels["gpu"], labels["tp"])
+        assert r["name"].startswith(f"{labels['model']}/{labels['gpu']}/tp{labels['tp']}")
+        assert sum(r["observations"].values()) > 0 and r["version"] >= 1
+    # learned beats BLIS's shipped defaults on the simulated fleet (its truth is a
+    # perturbation of them), and both are reported once steps were learned
+    stepped = [r for r in rows if r["observations"].get("beta", 0) >= 100]
+    assert len(stepped) >= len(rows) // 2
+    assert all(0 < r["step_mape_learned"] < r["step_mape_blis_default"] for r in stepped)
+    # the snapshot directory tells the same (the server may publish once more at stop)
+    code, out = listings["dir"]
+    assert code == 0
+    from_dir = {
+        json.loads(line)["id"]: json.loads(line)
+        for line in out.splitlines()
+        if line.startswith('{"id"')
+    }
+    assert set(from_dir) == {r["id"] for r in rows}
+    assert all(from_dir[r["id"]]["name"] == r["name"] for r in rows)
+    code, table = listings["table"]
+    lines = [ln for ln in table.splitlines() if ln[:12] in ids or ln.startswith("id ")]
+    assert code == 0 and lines[0].startswith("id ") and len(lines) == len(rows) + 1
+    assert all(any(r["id"] in ln and r["name"] in ln for ln in lines) for r in rows)
+
+
+def test_configurations_without_a_server_fails_plainly(tmp_path: Path) -> None:
+    code, _ = _configurations(server="http://127.0.0.1:9", timeout=2.0)
+    assert code == 1
+    code, _ = _configurations(snapshot_dir=str(tmp_path / "none"))
+    assert code == 1
