@@ -1,11 +1,11 @@
-"""``coeffd configurations``: what a coeffd has learned, one line per serving configuration.
+"""coeffd configurations: what a coeffd has learned, one line per serving configuration.
 
 Names beside ids: model, GPU, TP/DP, the knobs that set it apart, its latest snapshot
 version, how many step observations it learned from, and the step-time error of the
 learned coefficients next to BLIS's defaults on the same steps (prequential: each step
-predicted before it was learned). From a running daemon (``--server``, default
-http://127.0.0.1:9464) or from a snapshot directory (``--snapshot-dir``, e.g. after
-``coeffd replay``).
+predicted before it was learned). From a running daemon (--server, default
+http://127.0.0.1:9464) or from a snapshot directory (--snapshot-dir, e.g. after
+coeffd replay).
 """
 
 from __future__ import annotations
