@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shlex
+import ssl
 import sys
 import urllib.error
 import urllib.parse
@@ -50,6 +52,7 @@ __all__ = [
     "list_configurations",
     "run",
     "update_defaults",
+    "use_server_credentials",
 ]
 
 NAME = "pull"
@@ -94,6 +97,40 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"coeffd base URL (default {DEFAULT_SERVER})",
     )
     parser.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout, seconds")
+    parser.add_argument(
+        "--token-file",
+        default=os.environ.get("COEFFD_TOKEN_FILE") or None,
+        metavar="PATH",
+        help="bearer token for a server with http.auth (default $COEFFD_TOKEN_FILE)",
+    )
+    parser.add_argument("--cacert", metavar="PATH", help="CA bundle of an https server")
+    parser.add_argument(
+        "--client-cert",
+        metavar="PATH",
+        help="client certificate (PEM with its key, or see --client-key) for mutual TLS",
+    )
+    parser.add_argument("--client-key", metavar="PATH", help="key of --client-cert")
+
+
+def use_server_credentials(args: argparse.Namespace) -> None:
+    """Install ``--token-file`` / ``--cacert`` / ``--client-cert`` as urllib's opener, so
+    every request of this (one-server) command carries them."""
+    token_file = getattr(args, "token_file", None)
+    cacert, cert = getattr(args, "cacert", None), getattr(args, "client_cert", None)
+    if not (token_file or cacert or cert):
+        return
+    try:
+        ctx = ssl.create_default_context(cafile=cacert)
+        if cert:
+            ctx.load_cert_chain(cert, getattr(args, "client_key", None))
+        opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=ctx))
+        if token_file:
+            with open(token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+            opener.addheaders.append(("Authorization", f"Bearer {token}"))
+    except (OSError, ssl.SSLError) as exc:
+        raise UsageError(f"cannot use the server credentials: {exc}") from exc
+    urllib.request.install_opener(opener)
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -233,6 +270,7 @@ def update_defaults(
 def pull(args: argparse.Namespace) -> str:
     """Do the work; return what to print on stdout. Raises ``PullError``."""
     server = server_url(args.server)
+    use_server_credentials(args)
     fmt = args.format
     # callers building their own Namespace (bench closedloop) may leave the newer flags out
     dry_run, backup = getattr(args, "dry_run", False), getattr(args, "backup", False)

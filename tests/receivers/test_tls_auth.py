@@ -299,6 +299,33 @@ def test_api_metrics_guarded_when_not_public(token_file: Path) -> None:
         app.stop()
 
 
+def test_pull_sends_token_and_client_cert(
+    secured: App,
+    certs: Certs,
+    token_file: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from daemon import api
+    from daemon.publish.snapshot import SnapshotStore
+
+    # pull installs urllib's process-wide opener; put the old one back afterwards
+    monkeypatch.setattr(urllib.request, "_opener", urllib.request._opener)  # type: ignore[attr-defined]
+
+    api.mount(secured.router, SnapshotStore(tmp_path / "snapshots"))
+    server = ["pull", "--server", f"https://127.0.0.1:{secured.http_port}"]
+    tls = ["--cacert", str(certs.ca)]
+    cert = ["--client-cert", str(certs.client_cert), "--client-key", str(certs.client_key)]
+    assert cli.main([*server, *tls]) == 1
+    assert "HTTP 403" in capsys.readouterr().err  # no client certificate
+    assert cli.main([*server, *tls, *cert]) == 1
+    assert "HTTP 401" in capsys.readouterr().err  # no token
+    assert cli.main([*server, *tls, *cert, "--token-file", str(token_file)]) == 1
+    # through: the API answered, and has nothing published yet
+    assert "no configuration has published" in capsys.readouterr().err
+
+
 def test_token_file_rotation_takes_effect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from daemon import security
 
