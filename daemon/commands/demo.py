@@ -14,7 +14,7 @@ import math
 import sys
 import threading
 import time
-from typing import Any, TextIO
+from typing import Any
 
 import numpy as np
 import structlog
@@ -97,8 +97,8 @@ def render(
     true_alpha = true_alpha or {}
     head = (
         f"coeffd demo — {elapsed:6.0f} s   (step-time MAPE: learned | noise floor | BLIS default)\n"
-        f"{'configuration':<56} {'obs':>6}  {'learned':>7} {'floor':>7} {'default':>7}  "
-        f"{'α0 α1 α2 vs truth':>21}  drift\n"
+        f"{'id':<12} {'configuration':<52} {'obs':>6}  {'learned':>7} {'floor':>7} "
+        f"{'default':>7}  {'α0 α1 α2 vs truth':>21}  drift\n"
     )
     lines = []
     for r in sorted(rows, key=lambda r: r["label"]):
@@ -109,7 +109,8 @@ def render(
         else:
             alpha = " ".join(_pct(a).strip() for a in r["alpha_mape"])
         lines.append(
-            f"{r['label'][:56]:<56} {r['observations']:>6}  {_pct(r['step_mape']):>7} "
+            f"{r['config']:<12} {r['label'][:52]:<52} {r['observations']:>6}  "
+            f"{_pct(r['step_mape']):>7} "
             f"{_pct(floors.get(r['config'], math.nan)):>7} {_pct(r['step_mape_default']):>7}  "
             f"{alpha:>21}  {r['drift']:>5}"
         )
@@ -134,18 +135,34 @@ def _truth(scenario: str, duration: float) -> tuple[dict[str, float], dict[str, 
     return floors, alphas
 
 
-def _where(app: App, out: TextIO) -> None:
+def _server_flag(app: App) -> str:
+    """``--server URL`` for the commands, or nothing on their default port."""
+    url = f"http://127.0.0.1:{app.http_port}"
+    return "" if app.http_port == 9464 else f" --server {url}"
+
+
+def where(app: App) -> str:
+    """Where to look while the demo runs (printed under every live table)."""
     s = app.settings
-    host = "127.0.0.1"
-    print(
-        f"\ncoeffd is learning. Look at:\n"
-        f"  metrics         http://{host}:{app.http_port}/metrics\n"
-        f"  configurations  http://{host}:{app.http_port}/v1/configurations\n"
-        f"  coefficients    http://{host}:{app.http_port}/v1/coefficients/<id>?format=flags\n"
-        f"  snapshots       {s.publish.snapshot_dir}/<id>/latest.json\n"
-        f"  BLIS flags      coeffd pull --server http://{host}:{app.http_port} --config <id> "
-        f"--format flags\n",
-        file=out,
+    url = f"http://127.0.0.1:{app.http_port}"
+    server = _server_flag(app)
+    return (
+        f"  metrics  {url}/metrics     API  {url}/v1/configurations\n"
+        f"  names    coeffd configurations{server}\n"
+        f"  BLIS     coeffd pull{server} --config <id> --format blis-args\n"
+        f"  files    {s.publish.snapshot_dir}/<id>/latest.json   state  {s.state.state_dir}/\n"
+        f"Ctrl-C to stop (learner state is kept for the next run)\n"
+    )
+
+
+def restored_note(app: App) -> str | None:
+    """A line saying the learners continue from an earlier run's state, if they do."""
+    consumer = app.consumer
+    if not (isinstance(consumer, LearningConsumer) and consumer.restored):
+        return None
+    return (
+        f"continuing from the learner state of an earlier run in {app.settings.state.state_dir}/ "
+        "(start fresh: --set state.restore=false, or delete it)"
     )
 
 
@@ -188,23 +205,29 @@ def run(args: argparse.Namespace) -> int:
     )
     consumer = app.consumer
     floors, true_alpha = _truth(args.scenario, args.duration)
-    _where(app, sys.stdout)
+    note = restored_note(app)
+    print(f"coeffd is learning from a simulated fleet ({args.scenario}).", flush=True)
+    if note:
+        print(note, flush=True)
+    print(where(app), flush=True)
     t0 = time.monotonic()
     tty = sys.stdout.isatty()
     code = 0
+    finished = False
     try:
         while not stop_requested.is_set():
             stop_requested.wait(args.refresh)
             if isinstance(consumer, LearningConsumer):
                 view = render(consumer.live_rows(), floors, time.monotonic() - t0, true_alpha)
-                print(("\x1b[2J\x1b[H" if tty else "") + view, flush=True)
-            if not thread.is_alive():
+                status = "simulation finished; still serving\n" if finished else ""
+                # the URLs stay under the table: clearing the screen would lose them
+                footer = (note + "\n" if note else "") + status + where(app)
+                print(("\x1b[2J\x1b[H" if tty else "") + view + "\n" + footer, flush=True)
+            if not thread.is_alive() and not finished:
                 app.pipeline.wait_idle(10.0)
+                finished = True
                 if args.exit_when_done:
                     break
-                if not stop_requested.is_set():
-                    print("simulation finished; still serving (Ctrl-C to stop)", flush=True)
-                    stop_requested.wait()
     except KeyboardInterrupt:
         pass
     finally:
@@ -215,5 +238,11 @@ def run(args: argparse.Namespace) -> int:
             print(
                 render(consumer.live_rows(), floors, time.monotonic() - t0, true_alpha), flush=True
             )
-        _where(app, sys.stdout)
+        state = app.settings.state.state_dir
+        print(
+            f"coeffd stopped. Snapshots stay in {app.settings.publish.snapshot_dir}/"
+            + (f", learner state in {state}/ (the next run continues from it)" if state else "")
+            + ".",
+            flush=True,
+        )
     return code
