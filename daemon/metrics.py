@@ -72,6 +72,13 @@ class ReceiverMetrics:
             ["receiver", "outcome"],
             registry=registry,
         )
+        self.limit_exceeded = Counter(
+            "coeffd_receiver_limit_exceeded_total",
+            "Requests refused whole for crossing a bound on the work of one request "
+            "(receivers.limits, body/message size, connections), by receiver and limit.",
+            ["receiver", "limit"],
+            registry=registry,
+        )
         self.decode_seconds = Histogram(
             "coeffd_receiver_decode_seconds",
             "Time to decode one export request into records.",

@@ -50,6 +50,7 @@ from learners.features.config import CatalogSettings, ConfigurationSettings
 from learners.features.files import read_text_bounded
 from learners.features.hardware import load_hardware
 from receivers.joiner.config import JoinerConfig
+from receivers.otlp.limits import RequestLimits
 
 __all__ = [
     "HttpSettings",
@@ -145,6 +146,9 @@ class OtlpGrpcSettings(_Section):
     #: spans can carry large snapshot events, so allow more.
     max_message_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
     workers: int = Field(default=4, ge=1, le=256)
+    #: Close a connection idle this long (grpc ``max_connection_idle``); exporters
+    #: reconnect on their next export.
+    idle_timeout_seconds: float = Field(default=300.0, gt=0.0, le=86_400.0)
     tls: TlsSettings = Field(default_factory=TlsSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
 
@@ -156,6 +160,11 @@ class OtlpHttpSettings(_Section):
     endpoint: Endpoint = "0.0.0.0:4318"
     #: Limit on the body, compressed and decompressed.
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
+    #: Connections served at once (one thread each); more are answered 503 and closed.
+    max_connections: int = Field(default=64, ge=1, le=10_000)
+    #: Close a connection that sends nothing for this long (between requests or within
+    #: one): a silent client must not hold a thread forever.
+    idle_timeout_seconds: float = Field(default=60.0, gt=0.0, le=86_400.0)
     tls: TlsSettings = Field(default_factory=TlsSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
 
@@ -167,6 +176,8 @@ class ReceiverSettings(_Section):
     otlp_http: OtlpHttpSettings = Field(default_factory=OtlpHttpSettings)
     #: Seconds a client is told to wait before retrying when the pipeline is full.
     retry_after_seconds: float = Field(default=1.0, gt=0.0, le=60.0)
+    #: Bounds on the work of one OTLP request (counts and sizes, checked before parsing).
+    limits: RequestLimits = Field(default_factory=RequestLimits)
 
 
 class HttpSettings(_Section):

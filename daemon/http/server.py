@@ -119,6 +119,12 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: exporters reuse their connection
     server: _Server
 
+    def setup(self) -> None:
+        # A socket timeout bounds every read: an idle keep-alive connection or a client
+        # that stalls inside a request is closed instead of holding its thread forever.
+        super().setup()
+        self.connection.settimeout(self.server.idle_timeout)
+
     def log_message(self, format: str, *args: Any) -> None:
         # Access logs would be one line per request; the metrics count requests instead.
         pass
@@ -203,14 +209,34 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         if length < 0 or length > limit:
             self._refuse(413, f"body larger than {limit} bytes")
+            # A client that writes its whole body before reading (most do) would get a
+            # reset instead of the 413: read and drop up to one more limit's worth
+            # (each read bounded by the idle timeout) before closing.
+            self._drain(min(length, limit))
             return None
         data = self.rfile.read(length) if length else b""
         return b"" if discard else data
 
+    def _drain(self, n: int) -> None:
+        try:
+            self.wfile.flush()
+            while n > 0:
+                got = self.rfile.read(min(n, 1 << 16))
+                if not got:
+                    return
+                n -= len(got)
+        except OSError:
+            pass
+
     def _refuse(self, status: int, reason: str) -> None:
         """Answer a request whose body we will not read, and tell the owner."""
         self.close_connection = True  # the unread body would poison keep-alive
-        self._send(Response.text(status, reason))
+        shape = self.server.error_response
+        self._send(
+            shape(status, reason, self.headers.get("Content-Type") or "")
+            if shape is not None
+            else Response.text(status, reason)
+        )
         hook = self.server.on_refused
         if hook is not None:
             hook(status, reason, self.client_address[0] if self.client_address else "")
@@ -236,6 +262,49 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # listen(2) backlog; socketserver's default of 5 stalled connects under a burst (the
+    # kernel caps it at net.core.somaxconn).
+    request_queue_size = 1024
+    idle_timeout: float | None = None
+    max_connections: int = 0  # 0 = unbounded
+    error_response: Callable[[int, str, str], Response] | None = None
+    _active = 0
+    _active_lock = threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # One thread per connection: past ``max_connections`` answer 503 at once and
+        # close, instead of letting any number of idle or slow clients hold threads.
+        if self.max_connections:
+            with self._active_lock:
+                full = self._active >= self.max_connections
+                if not full:
+                    self._active += 1
+            if full:
+                self._turn_away(request, client_address)
+                return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            if self.max_connections:
+                with self._active_lock:
+                    self._active -= 1
+
+    def _turn_away(self, request: Any, client_address: Any) -> None:
+        try:
+            request.settimeout(1.0)
+            request.sendall(
+                b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n"
+                b"Content-Length: 0\r\nConnection: close\r\n\r\n"
+            )
+        except (OSError, ValueError):  # TLS sockets refuse plain bytes before a handshake
+            pass
+        self.shutdown_request(request)
+        if self.on_refused is not None:
+            self.on_refused(503, "too many connections", str(client_address[0]))
+
     router: Router
     max_body_bytes: int
     on_refused: Callable[[int, str, str], None] | None
@@ -275,11 +344,17 @@ class HttpServer:
         max_body_bytes: int = 1024 * 1024,
         name: str = "http",
         on_refused: Callable[[int, str, str], None] | None = None,
+        error_response: Callable[[int, str, str], Response] | None = None,
+        max_connections: int = 64,
+        idle_timeout: float | None = 60.0,
         ssl_context: ssl.SSLContext | None = None,
         gate: Gate | None = None,
     ) -> None:
         """``on_refused(status, reason, client)`` is told about requests refused before
-        routing (oversize or malformed bodies), so receivers can count them.
+        routing (oversize or malformed bodies, 503 past ``max_connections``), so receivers
+        can count them; ``error_response(status, reason, request content type)`` shapes
+        those answers (default: text). ``idle_timeout``: seconds a connection may stay
+        silent (None: forever).
         ``ssl_context``: serve HTTPS; ``gate``: token / client-certificate rule per path."""
         self.router = router or Router()
         self.name = name
@@ -288,6 +363,10 @@ class HttpServer:
         self._server.router = self.router
         self._server.max_body_bytes = max_body_bytes
         self._server.on_refused = on_refused
+        self._server.error_response = error_response
+        self._server.max_connections = max_connections
+        self._server.idle_timeout = idle_timeout
+        self._server._active_lock = threading.Lock()  # per server, not the class's
         self._server.gate = gate
         if ssl_context is not None:
             # Handshake deferred to the connection thread (_Server.finish_request).

@@ -10,6 +10,7 @@ rejected. The RetryInfo goes out twice: as the standard ``grpc-status-details-bi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent import futures
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ from daemon.settings import parse_endpoint
 from receivers.occupancy import Occupancy
 from receivers.otlp.fastproto import FastExportRequest
 from receivers.otlp.ingest import Ingestor, Outcome
+from receivers.otlp.limits import RequestLimits, check_request
 
 if TYPE_CHECKING:
     from daemon.app import App
@@ -51,25 +53,40 @@ def retry_trailers(delay_seconds: float, message: str) -> tuple[tuple[str, bytes
 
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+#: grpc says only "Failed to bind"; with SO_REUSEPORT off, that is nearly always this.
+_IN_USE = "is another process (another coeffd?) listening on it?"
 
 
 class _Undecodable:
-    """Stands for a body that is not a request (grpc treats a ``None`` request as an
-    internal deserialization failure, so a marker object is needed)."""
+    """Stands for a body that is not a request, or one refused for crossing a limit
+    (grpc treats a ``None`` request as an internal deserialization failure, so a marker
+    object is needed). ``limit`` is the limit's label, ``""`` for undecodable bytes."""
 
-    __slots__ = ("reason",)
+    __slots__ = ("limit", "reason", "size")
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, size: int, limit: str = "") -> None:
         self.reason = reason
+        self.size = size
+        self.limit = limit
 
 
-def _parse_or_marker(data: bytes) -> Any:
-    # Straight into the map-attributes twin of the request type (see fastproto): the
-    # decoder's fast path, and no second parse.
-    try:
-        return FastExportRequest.FromString(data)
-    except DecodeError as e:
-        return _Undecodable(f"invalid protobuf: {e}")
+def _deserializer(max_bytes: int, limits: RequestLimits) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        if len(data) > max_bytes:
+            return _Undecodable(
+                f"message of {len(data)} bytes (more than {max_bytes})", len(data), "message_bytes"
+            )
+        over = check_request(data, limits)
+        if over is not None:
+            return _Undecodable(str(over), len(data), over.limit)
+        # Straight into the map-attributes twin of the request type (see fastproto): the
+        # decoder's fast path, and no second parse.
+        try:
+            return FastExportRequest.FromString(data)
+        except DecodeError as e:
+            return _Undecodable(f"invalid protobuf: {e}", len(data))
+
+    return parse
 
 
 def _serialize(resp: trace_service_pb2.ExportTraceServiceResponse) -> bytes:
@@ -95,9 +112,13 @@ class _Servicer(trace_service_pb2_grpc.TraceServiceServicer):
 
     def _export(self, request: Any, context: Any) -> trace_service_pb2.ExportTraceServiceResponse:
         if isinstance(request, _Undecodable):
-            self._ingestor.invalid(request.reason, peer=context.peer())
             context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
-            context.set_details("request is not a valid ExportTraceServiceRequest")
+            if request.limit:
+                self._ingestor.refused(request.limit, request.reason, context.peer(), request.size)
+                context.set_details(f"request refused: {request.reason}")
+            else:
+                self._ingestor.invalid(request.reason, context.peer(), request.size)
+                context.set_details("request is not a valid ExportTraceServiceRequest")
             return trace_service_pb2.ExportTraceServiceResponse()
         got = self._ingestor.ingest(request, peer=context.peer())
         if got.outcome is Outcome.RETRY:
@@ -125,8 +146,14 @@ class OtlpGrpcReceiver:
             futures.ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="coeffd-grpc"),
             interceptors=grpc_token_interceptor(RECEIVER, cfg.auth, app.auth_metrics),
             options=[
-                ("grpc.max_receive_message_length", cfg.max_message_bytes),
+                # Up to twice our limit reaches the deserializer, which refuses and counts
+                # what is over it; grpc refuses (uncounted) only what is larger still.
+                ("grpc.max_receive_message_length", min(2 * cfg.max_message_bytes, 2**31 - 1)),
                 ("grpc.max_send_message_length", 4 * 1024 * 1024),
+                # grpcio sets SO_REUSEPORT by default: a second daemon on the same port
+                # would bind too and silently take part of the traffic.
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_connection_idle_ms", int(cfg.idle_timeout_seconds * 1000)),
             ],
         )
         servicer = _Servicer(
@@ -142,7 +169,9 @@ class OtlpGrpcReceiver:
                     {
                         "Export": grpc.unary_unary_rpc_method_handler(
                             servicer.Export,
-                            request_deserializer=_parse_or_marker,
+                            request_deserializer=_deserializer(
+                                cfg.max_message_bytes, app.settings.receivers.limits
+                            ),
                             response_serializer=_serialize,
                         )
                     },
@@ -158,9 +187,9 @@ class OtlpGrpcReceiver:
             else:
                 bound = self._server.add_secure_port(target, creds)
         except RuntimeError as e:  # grpcio ≥1.60 raises instead of returning 0
-            raise OSError(f"cannot bind OTLP/gRPC receiver to {target}: {e}") from None
+            raise OSError(f"cannot bind OTLP/gRPC receiver to {target}: {_IN_USE} ({e})") from None
         if not bound:
-            raise OSError(f"cannot bind OTLP/gRPC receiver to {target}")
+            raise OSError(f"cannot bind OTLP/gRPC receiver to {target}: {_IN_USE}")
         self.port: int = bound
 
     def start(self) -> None:

@@ -549,15 +549,21 @@ class Decoder:
     """Decodes requests; caches one :class:`Source` per distinct resource.
 
     One long-lived instance per receiver. The cache key is the resource's serialized
-    bytes (cheap: a handful of attributes, serialized in C); the cache is bounded and
-    simply cleared when full, since resources are few (one per exporting process).
+    bytes (cheap: a handful of attributes, serialized in C); the cache is bounded in
+    entries and in bytes and simply cleared when full, since resources are few (one per
+    exporting process). The receivers refuse resources over
+    ``receivers.limits.max_resource_bytes`` before they get here.
     Thread safety: concurrent ``decode`` calls may both compute the same Source; the
     result is identical, so the race is harmless.
     """
 
-    def __init__(self, max_sources: int = 4096) -> None:
+    def __init__(self, max_sources: int = 4096, max_source_bytes: int = 16 << 20) -> None:
         self._sources: dict[bytes, Source] = {}
         self._max_sources = max_sources
+        # Bounded by bytes too: sources come from the network, and 4096 resources of
+        # 1 MB each held 4 GB (a Source holds about what its key does).
+        self._max_source_bytes = max_source_bytes
+        self._source_bytes = 0
         self._step_filter: Callable[[int], bool] | None = None
         self._scopes = _SCOPES
         #: Engine sampling: the spans of sources for which this is False are counted in
@@ -589,9 +595,14 @@ class Decoder:
         key = resource.SerializeToString(deterministic=True)
         src = self._sources.get(key)
         if src is None:
-            if len(self._sources) >= self._max_sources:
+            if (
+                len(self._sources) >= self._max_sources
+                or self._source_bytes + len(key) > self._max_source_bytes
+            ):
                 self._sources.clear()
+                self._source_bytes = 0
             src = self._sources[key] = source_for_resource(resource)
+            self._source_bytes += len(key)
         return src
 
     def decode_bytes(self, data: bytes) -> DecodeResult:
@@ -801,6 +812,10 @@ def parse_json_request(data: bytes | str | Mapping[str, Any]) -> ExportTraceServ
         json_format.ParseDict(obj, req, ignore_unknown_fields=True)
     except (json_format.ParseError, ValueError, TypeError) as e:
         raise JsonDecodeError(f"not an OTLP ExportTraceServiceRequest: {e}") from None
+    except RecursionError:
+        # ParseDict recurses a few frames per nesting level: a few hundred nested array
+        # values exhaust the stack while orjson (limit 1024) still accepted the text.
+        raise JsonDecodeError("not an OTLP ExportTraceServiceRequest: nested too deeply") from None
     return req
 
 

@@ -36,6 +36,7 @@ class Outcome(enum.StrEnum):
     PARTIAL = "partial"  # accepted, but some spans/events were rejected
     INVALID = "invalid"  # undecodable body
     RETRY = "retry"  # pipeline full: client told to retry
+    LIMIT = "limit"  # over a bound on the work of one request: refused before decoding
 
 
 @dataclass(slots=True)
@@ -153,6 +154,15 @@ class Ingestor:
         self._requests[Outcome.INVALID].inc()
         self.metrics.events_rejected.labels(self.receiver, "undecodable").inc()
         self._warn("invalid", "undecodable export request", peer, reason=reason, bytes=size)
+
+    def refused(self, limit: str, reason: str, peer: str = "", size: int = 0) -> None:
+        """Account for a request refused whole for crossing a bound (counted, logged
+        once per rate-limit period)."""
+        self._requests[Outcome.LIMIT].inc()
+        self.metrics.limit_exceeded.labels(self.receiver, limit).inc()
+        self._warn(
+            "limit", "request over a limit refused", peer, limit=limit, reason=reason, bytes=size
+        )
 
     def _warn(self, key: str, message: str, peer: str, **fields: Any) -> None:
         """Log ``message`` at most once per rate-limit period per ``key``, with context

@@ -118,6 +118,11 @@ def nested_json(depth: int) -> bytes:
     ).encode()
 
 
+def nested_lists(depth: int) -> bytes:
+    """``{"resourceSpans": [[[...]]]}``: lists nested ``depth`` deep."""
+    return b'{"resourceSpans":' + b"[" * depth + b"]" * depth + b"}"
+
+
 def gzip_bomb(size: int) -> bytes:
     """A gzip body inflating to ``size`` zero bytes (~1000x smaller than that)."""
     return gzip.compress(b"\x00" * size, compresslevel=9)
@@ -159,7 +164,10 @@ OTLP: dict[str, tuple[Callable[[], bytes], str, str, int, str]] = {
         "INVALID_ARGUMENT",
     ),
     "json-nested-250": (lambda: nested_json(250), JSON, "", 400, ""),
-    "json-nested-300": (lambda: nested_json(300), JSON, "", 400, ""),
+    # 1000 and 1020 deep: orjson (limit 1024) parses them, protobuf's ParseDict ran
+    # out of stack: a 500 with a traceback before.
+    "json-lists-1000": (lambda: nested_lists(1000), JSON, "", 400, ""),
+    "json-lists-1020": (lambda: nested_lists(1020), JSON, "", 400, ""),
     "json-nested-1000": (lambda: nested_json(1000), JSON, "", 400, ""),
     "json-empty-resource-spans-2k": (
         lambda: b'{"resourceSpans":[' + b",".join([b"{}"] * 2_000) + b"]}",

@@ -107,7 +107,11 @@ def test_http_oversize_body_413(app: App) -> None:
     code, _, _ = post(app, b"\x00" * 5000, PB)
     assert code == 413
     m = scrape(app)
-    assert metric(m, "coeffd_receiver_requests_total", receiver="otlp_http", outcome="invalid") == 1
+    assert metric(m, "coeffd_receiver_requests_total", receiver="otlp_http", outcome="limit") == 1
+    assert (
+        metric(m, "coeffd_receiver_limit_exceeded_total", receiver="otlp_http", limit="body_bytes")
+        == 1
+    )
     assert post(app, GOOD.SerializeToString(), PB)[0] == 200
 
 
