@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from deploy_helpers import (
     CHART,
+    DEPLOY,
     K8S_VERSIONS,
     config_toml,
     lint,
@@ -179,3 +181,19 @@ def test_sidecar_vllm_gets_the_token_header(tmp_path: Path) -> None:
     # the reference resolves: the variable it names is defined before it
     names = [e["name"] for e in vllm["env"]]
     assert names.index("COEFFD_OTLP_TOKEN") < names.index("OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+
+
+def test_default_policy_admits_the_collector_of_deploy_otel_collector() -> None:
+    # The collector tier of deploy/otel-collector (kustomize namespace = the chart's
+    # documented namespace) must match the default receivers peer, or a default install
+    # would cut the collector off.
+    kustomize = yaml.safe_load((DEPLOY / "otel-collector" / "kustomization.yaml").read_text())
+    docs = list(yaml.safe_load_all((DEPLOY / "otel-collector" / "kubernetes.yaml").read_text()))
+    (collector,) = [d for d in docs if d and d["kind"] == "Deployment"]
+    pod_labels = collector["spec"]["template"]["metadata"]["labels"]
+    np = one(manifests(render(CHART, namespace=kustomize["namespace"])), "NetworkPolicy")
+    receivers_rule = np["spec"]["ingress"][0]
+    assert {p["port"] for p in receivers_rule["ports"]} == {4317, 4318}
+    (peer,) = receivers_rule["from"]
+    assert set(peer) == {"podSelector"}  # same namespace as the release
+    assert peer["podSelector"]["matchLabels"].items() <= pod_labels.items()
