@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any, Protocol
@@ -90,6 +91,29 @@ class KVSink(Protocol):
         ...
 
 
+class KVEndpointError(RuntimeError):
+    """A connecting KV publisher with nothing to connect to (the message says what to do)."""
+
+
+def require_listener(endpoint: str, timeout_s: float = 2.0) -> None:
+    """Raise :class:`KVEndpointError` unless something accepts TCP connections at
+    ``endpoint``: a PUB that connects to a SUB that also connects never meets it, and
+    ZMQ retries silently forever — every KV event would be lost without a word."""
+    if not endpoint.startswith("tcp://"):
+        return
+    host, _, port = endpoint[len("tcp://") :].rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except (OSError, ValueError) as exc:
+        raise KVEndpointError(
+            f"nothing accepts connections at {endpoint} ({exc}): a KV publisher that "
+            f"connects needs a subscriber bound there (coeffd serve --kv-endpoint {endpoint} "
+            "--set kv.bind=true --set kv.topic_sources=true), or let the engines bind "
+            f"(--kv-endpoint 'tcp://*:{port}') and coeffd connect to them"
+        ) from None
+
+
 class ZmqPublisher:
     """One PUB socket per engine, vLLM's bind/connect heuristic (spec §5.1).
 
@@ -112,6 +136,7 @@ class ZmqPublisher:
         if bind:
             self._sock.bind(endpoint)
         else:
+            require_listener(endpoint)
             self._sock.connect(endpoint)
         self._zmq = zmq
 

@@ -78,6 +78,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Run the simulation; returns 0, or 2 for bad arguments."""
     from simfleet.config import SampleRates
+    from simfleet.kv import KVEndpointError, require_listener
     from simfleet.run import run as sim_run
     from simfleet.run import write_truth
 
@@ -93,6 +94,12 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.kv_endpoint:
+        try:
+            require_listener(args.kv_endpoint)
+        except KVEndpointError as exc:
+            print(f"coeffd simfleet: --kv-endpoint: {exc}", file=sys.stderr)
+            return 1
     with contextlib.ExitStack() as stack:
         out = stack.enter_context(open(args.out, "wb")) if args.out else None
         kv_out = stack.enter_context(open(args.kv_out, "w")) if args.kv_out else None

@@ -28,6 +28,7 @@ import structlog
 import zmq
 from prometheus_client import CollectorRegistry
 from prometheus_client import Counter as PromCounter
+from zmq.utils.monitor import recv_monitor_message
 
 from receivers.kv.decode import KVDecodeError, batch_records, parse_message
 from receivers.records import AttrValue, KVRecord, Source
@@ -52,6 +53,10 @@ def source_from_attributes(attributes: Mapping[str, AttrValue]) -> Source:
         json.dumps(attrs, separators=(",", ":")).encode(), digest_size=6
     ).hexdigest()
     return Source(id=digest, attributes=attrs)
+
+
+#: Connection outcomes of a connecting SUB (refused attempts are retried, not fatal).
+_CONNECT_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED
 
 
 class KVMetrics:
@@ -335,10 +340,15 @@ class KVSubscriber:
             sock.setsockopt(zmq.RCVHWM, self._rcvhwm)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
+            monitor = None
             if self.bind:
                 sock.bind(self.endpoint)
                 self.bound_endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
             else:
+                # Watch whether anything accepts (before connecting, to see the first
+                # outcome): a SUB and a PUB that both connect never meet, and ZMQ retries
+                # silently forever (issue 19): say so once.
+                monitor = sock.get_monitor_socket(_CONNECT_EVENTS)
                 sock.connect(self.endpoint)
             if self.replay_endpoint:
                 self._dealer = self._ctx.socket(zmq.DEALER)
@@ -357,10 +367,15 @@ class KVSubscriber:
         poller.register(sock, zmq.POLLIN)
         if self._dealer is not None:
             poller.register(self._dealer, zmq.POLLIN)
+        if monitor is not None:
+            poller.register(monitor, zmq.POLLIN)
         try:
             while not self._stop.is_set():
-                if not poller.poll(self._poll_ms):
+                events = dict(poller.poll(self._poll_ms))
+                if not events:
                     continue
+                if monitor is not None and monitor in events:
+                    self._connection_events(monitor)
                 while True:  # drain what is queued before polling again
                     try:
                         frames = sock.recv_multipart(zmq.NOBLOCK)
@@ -370,10 +385,33 @@ class KVSubscriber:
                 if self._dealer is not None:
                     self._drain_replay(self._dealer)
         finally:
+            if monitor is not None:
+                sock.disable_monitor()
+                monitor.close(linger=0)
             sock.close(linger=0)
             if self._dealer is not None:
                 self._dealer.close(linger=0)
             log.info("kv subscriber stopped", endpoint=self.endpoint, **dict(self.counts))
+
+    def _connection_events(self, monitor: zmq.Socket[Any]) -> None:
+        """Count connection attempts; warn once when nothing accepts at the endpoint."""
+        while True:
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)["event"]
+            except zmq.Again:
+                return
+            if event == zmq.EVENT_CONNECTED:
+                self.counts["connected"] += 1
+                log.info("kv subscriber connected", endpoint=self.endpoint)
+            elif event == zmq.EVENT_CONNECT_RETRIED:
+                self.counts["connect_retries"] += 1
+                if self.counts["connect_retries"] == 1 and not self.counts["connected"]:
+                    log.warning(
+                        "kv subscriber: nothing accepts connections at the endpoint; no KV "
+                        "events until a publisher binds it (vLLM binds tcp://*:5557 and coeffd "
+                        "connects; if the engines connect to coeffd instead, set kv.bind=true)",
+                        endpoint=self.endpoint,
+                    )
 
     def _request_replay(self, start_seq: int, topic: str) -> None:
         if self._dealer is None or self._replay_in_flight:
