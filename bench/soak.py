@@ -9,16 +9,18 @@ sender and attackers on the other) for ``--duration`` seconds (default 10 minute
   API paths and methods;
 * **the attacks of issue 17**: resource attributes naming files (a FIFO, a large file)
   as the model / GPU; undecodable and deeply nested ZMQ messages; forged KV sequence
-  numbers (1,000 DP ranks jumping to 10⁹, a seq of 2⁶⁴−1); decode amplification (32 MB
-  bodies of empty ``ResourceSpans`` / empty spans, also three at once); distinct 1 MB
+  numbers (1,000 DP ranks jumping to 10⁹, a seq of 2⁶⁴−1); decode amplification (bodies
+  as large as the chart allows, of empty ``ResourceSpans`` / empty spans, also three at once); distinct 1 MB
   resource attributes; over-size gRPC messages; gzip bombs; JSON nested 2,000 deep;
   ``?version=`` with 300 digits, Unicode digits, ``1_0``; idle and half-sent
   connections; connect bursts; a checkpoint with a valid checksum but a list inside
   (placed before start-up); a second daemon started on the same gRPC port.
 
-Reported, with targets: crashes (0: the process never exits, ``/healthz`` never 5xx),
-peak RSS (``VmHWM``) against the idle RSS measured in the same run (bounded by the
-chart's 1 GiB memory limit), ``/healthz`` p99 from a 10 Hz prober opening a new
+The daemon runs with the Helm chart's receiver bounds (request bytes, items, threads:
+``helm/coeffd/values.yaml``, whose memory limit is derived from them). Reported, with
+targets: crashes (0: the process never exits, ``/healthz`` never 5xx), peak RSS
+(``VmHWM``) against the idle RSS measured in the same run (within the chart's memory
+limit), ``/healthz`` p99 from a 10 Hz prober opening a new
 connection per probe like kubelet (< 100 ms), learning (``coeffd_learner_observations_total``
 rises in each third of the run after the first join window), nothing lost that was
 acknowledged (every event of an acknowledged valid request is counted received, the
@@ -50,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import yaml
 import zmq
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -60,12 +63,33 @@ from simfleet.kv import encode_batch
 
 WINDOW_S = 30.0  # the daemon's default joiner.window_s: learning starts a window late
 HEALTH_P99_TARGET_S = 0.1
-RSS_LIMIT_MB = 1024.0  # helm/coeffd values.yaml resources.limits.memory
+NO_STOP_LINE = 'no "coeffd stopped" log line'
+VALUES = ROOT / "helm" / "coeffd" / "values.yaml"
+
+
+def chart_bounds() -> tuple[list[str], float, int]:
+    """The chart's receiver bounds as ``--set`` flags, its memory limit (MiB) and its
+    largest request (bytes): the soak runs the daemon as the chart deploys it."""
+    values = yaml.safe_load(VALUES.read_text())
+    r = values["settings"]["receivers"]
+    keys = {
+        "receivers.otlp_grpc.max_message_bytes": r["otlp_grpc"]["max_message_bytes"],
+        "receivers.otlp_grpc.workers": r["otlp_grpc"]["workers"],
+        "receivers.otlp_http.max_body_bytes": r["otlp_http"]["max_body_bytes"],
+        "receivers.otlp_http.max_connections": r["otlp_http"]["max_connections"],
+        **{f"receivers.limits.{k}": v for k, v in r["limits"].items()},
+    }
+    flags = [f for k, v in keys.items() for f in ("--set", f"{k}={v}")]
+    limit = str(values["resources"]["limits"]["memory"])
+    mib = float(limit[:-2]) * (1024 if limit.endswith("Gi") else 1)
+    biggest = max(r["otlp_grpc"]["max_message_bytes"], r["otlp_http"]["max_body_bytes"])
+    return flags, mib, int(biggest)
+
+
+FLAGS, RSS_LIMIT_MB, BIG = chart_bounds()
 #: The bench kills a daemon past this RSS and counts an OOM crash (Kubernetes would at
 #: the chart's limit already); it protects the machine from an unfixed amplification.
 RSS_GUARD_MB = 2 * RSS_LIMIT_MB
-NO_STOP_LINE = 'no "coeffd stopped" log line'
-BIG = 32 * 1024 * 1024  # the receivers' default max_message_bytes / max_body_bytes
 
 
 def _varint(n: int) -> bytes:
@@ -159,6 +183,7 @@ class Soak:
             "empty_spans": empty_spans(BIG - 64),
         }
         self.gzip_bomb = gzip.compress(b"\0" * (BIG + (1 << 20)), 9)
+        self.gzip_mb = (BIG >> 20) + 1
 
     # ----------------------------------------------------------------- plumbing
     def url(self, port: str, path: str) -> str:
@@ -283,7 +308,12 @@ class Soak:
     def a_gzip_bomb(self, rnd: random.Random) -> None:
         headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "gzip"}
         self.call_http(
-            "HTTP gzip bomb (33 MB inflated)", "otlp_http", "/", self.gzip_bomb, "POST", headers
+            f"HTTP gzip bomb ({self.gzip_mb} MB inflated)",
+            "otlp_http",
+            "/",
+            self.gzip_bomb,
+            "POST",
+            headers,
         )
 
     def a_deep_json(self, rnd: random.Random) -> None:
@@ -296,17 +326,17 @@ class Soak:
         kind = rnd.choice(sorted(self.bodies))
         body = self.bodies[kind]
         if rnd.random() < 0.5:
-            self.call_grpc(f"gRPC 32 MB of {kind}", body)
+            self.call_grpc(f"gRPC {BIG >> 20} MB of {kind}", body)
         else:
             headers = {"Content-Type": "application/x-protobuf"}
             self.call_http(
-                f"HTTP 32 MB of {kind}", "otlp_http", "/v1/traces", body, "POST", headers
+                f"HTTP {BIG >> 20} MB of {kind}", "otlp_http", "/v1/traces", body, "POST", headers
             )
 
     def a_amplification_x3(self, rnd: random.Random) -> None:
         body = self.bodies["empty_resource_spans"]
         threads = [
-            threading.Thread(target=self.call_grpc, args=("gRPC 3 × 32 MB at once", body))
+            threading.Thread(target=self.call_grpc, args=(f"gRPC 3 × {BIG >> 20} MB at once", body))
             for _ in range(3)
         ]
         for t in threads:
@@ -315,7 +345,8 @@ class Soak:
             t.join()
 
     def a_oversize(self, rnd: random.Random) -> None:
-        self.call_grpc("gRPC 40 MB message (over the limit)", b"\x0a\x00" * (20 << 20))
+        over = BIG + (8 << 20)
+        self.call_grpc(f"gRPC {over >> 20} MB message (over the limit)", b"\x0a\x00" * (over // 2))
 
     def a_big_resource(self, rnd: random.Random) -> None:
         req = self.live(rnd.choice(self.engine_requests), 900_000 + rnd.randrange(1 << 20))
@@ -591,7 +622,7 @@ def main(argv: list[str]) -> int:
     print(f"  {len(rec.requests)} export requests, {rec.total:,} events per round", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="coeffd-soak-"))
     kv_port = free_port()
-    extra = ("--kv-endpoint", f"tcp://127.0.0.1:{kv_port}", "--set", "kv.bind=true")
+    extra = ("--kv-endpoint", f"tcp://127.0.0.1:{kv_port}", "--set", "kv.bind=true", *FLAGS)
     poisoned_checkpoint(tmp / "state")
     crashes: list[str] = []
     d = DaemonProc(tmp, *extra)

@@ -197,3 +197,38 @@ def test_default_policy_admits_the_collector_of_deploy_otel_collector() -> None:
     (peer,) = receivers_rule["from"]
     assert set(peer) == {"podSelector"}  # same namespace as the release
     assert peer["podSelector"]["matchLabels"].items() <= pod_labels.items()
+
+
+#: What the memory arithmetic in values.yaml rests on (measured: bench soak's idle RSS,
+#: bench serve's 100-configuration RSS, the decoder's bytes per queued record, parsed
+#: bytes per OTLP item and the body-to-peak factor of a parsed and decoded request).
+IDLE_MIB, LEARNERS_MIB, RECORD_BYTES, ITEM_BYTES, BODY_FACTOR = 80, 70, 300, 40, 6
+
+
+def _mib(quantity: str) -> float:
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix):
+            return float(quantity[: -len(suffix)]) * factor
+    return float(quantity) / 2**20
+
+
+@pytest.mark.parametrize("mode", ["fleet", "sidecar"])
+def test_memory_limit_holds_the_receivers_bounds(mode: str) -> None:
+    values = {} if mode == "fleet" else SIDECAR_VALUES
+    docs = manifests(render(CHART, values))
+    cfg = tomllib.loads(config_toml(docs))
+    if mode == "fleet":
+        limit = _container(docs)[1]["resources"]["limits"]["memory"]
+    else:
+        limit = yaml.safe_load((CHART / "values.yaml").read_text())["resources"]["limits"]["memory"]
+    r = cfg["receivers"]
+    threads = r["otlp_grpc"]["workers"] + r["otlp_http"]["max_connections"]
+    body = max(r["otlp_grpc"]["max_message_bytes"], r["otlp_http"]["max_body_bytes"]) / 2**20
+    per_request = max(BODY_FACTOR * body, body + r["limits"]["max_items"] * ITEM_BYTES / 2**20)
+    queue = cfg["pipeline"]["queue_capacity"] * RECORD_BYTES / 2**20
+    need = IDLE_MIB + LEARNERS_MIB + queue + threads * per_request
+    assert need <= _mib(limit), f"{need:.0f} MiB of bounded work > limit {limit}"
+    # and the limit is not padded far beyond it (the scheduler reserves nodes by requests,
+    # but an OOM kill only comes at the limit: a loose limit hides leaks)
+    assert _mib(limit) < 1.5 * need
