@@ -2,7 +2,7 @@
 daemon (issue 17), kept as files under ``corpus/`` with the outcome each must get.
 
 ``corpus/manifest.json`` maps each file to its expected outcome; the files are written by
-``python tests/receivers/corpus_inputs.py`` from the builders below, so a new case is one
+``PYTHONPATH=. python tests/receivers/corpus_inputs.py`` from the builders below, so a new case is one
 builder plus a rerun. Inputs too large to keep as files (the 32 MB bodies) are built by
 the tests from :func:`empty_resource_spans` and friends instead.
 
@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+
+from bench.dos import attack_body, field
 
 CORPUS = Path(__file__).parent / "corpus"
 MANIFEST = CORPUS / "manifest.json"
@@ -58,52 +60,35 @@ KV: dict[str, tuple[list[bytes], str]] = {
 # ----------------------------------------------------------------------- OTLP bodies
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
 def empty_resource_spans(n: int) -> bytes:
     """An ExportTraceServiceRequest of ``n`` empty ResourceSpans (2 bytes each)."""
-    return _field(1, b"") * n
+    return attack_body("empty_resource_spans", n)
 
 
 def empty_spans(n: int) -> bytes:
     """One ResourceSpans, one ScopeSpans, ``n`` empty spans."""
-    return _field(1, _field(2, _field(2, b"") * n))
+    return attack_body("empty_spans", n)
 
 
 def empty_events(n: int) -> bytes:
     """One span with ``n`` empty events."""
-    return _field(1, _field(2, _field(2, _field(11, b"") * n)))
+    return attack_body("empty_events", n)
 
 
 def big_resource(attr_bytes: int) -> bytes:
     """One ResourceSpans whose resource carries one string attribute of ``attr_bytes``."""
-    value = _field(1, b"x" * attr_bytes)  # AnyValue.string_value
-    kv = _field(1, b"big") + _field(2, value)
-    return _field(1, _field(1, _field(1, kv)))
+    value = field(1, b"x" * attr_bytes)  # AnyValue.string_value
+    kv = field(1, b"big") + field(2, value)
+    return field(1, field(1, field(1, kv)))
 
 
 def nested_any_value(depth: int) -> bytes:
     """A span attribute whose AnyValue nests ``depth`` array values."""
     value = b""
     for _ in range(depth):
-        value = _field(5, _field(1, value))  # AnyValue.array_value.values[0]
-    kv = _field(1, b"deep") + _field(2, value)
-    return _field(1, _field(2, _field(2, _field(9, kv))))
+        value = field(5, field(1, value))  # AnyValue.array_value.values[0]
+    kv = field(1, b"deep") + field(2, value)
+    return field(1, field(2, field(2, field(9, kv))))
 
 
 def nested_json(depth: int) -> bytes:
@@ -125,7 +110,7 @@ def nested_lists(depth: int) -> bytes:
 
 def gzip_bomb(size: int) -> bytes:
     """A gzip body inflating to ``size`` zero bytes (~1000x smaller than that)."""
-    return gzip.compress(b"\x00" * size, compresslevel=9)
+    return gzip.compress(b"\x00" * size, compresslevel=9, mtime=0)
 
 
 #: The receivers' limits while the OTLP corpus is replayed: the defaults scaled down ~10x,

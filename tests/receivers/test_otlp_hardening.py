@@ -226,3 +226,22 @@ def test_connections_over_the_cap_get_503() -> None:
             )
             == 1
         )
+
+
+def test_decoder_sources_are_bounded_by_bytes() -> None:
+    """300 exports with distinct 60 KB resource attributes (under max_resource_bytes):
+    the decoder's source cache stays within its byte bound (1 MB attributes held 998 MB)."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    from receivers.otlp.decode import Decoder
+
+    decoder = Decoder(max_source_bytes=4 << 20)
+    for i in range(300):
+        req = ExportTraceServiceRequest()
+        kv = req.resource_spans.add().resource.attributes.add(key="big")
+        kv.value.string_value = f"{i:06d}" + "x" * 60_000
+        decoder.decode(req)
+        assert decoder._source_bytes <= 4 << 20
+    assert 0 < len(decoder._sources) <= (4 << 20) // 60_000
