@@ -143,9 +143,9 @@ class _Handler(BaseHTTPRequestHandler):
         if handler is None:
             self._read_body(discard=True)
             if allowed:
-                self._send(Response.text(405, "method not allowed", {"Allow": ", ".join(allowed)}))
+                self._send(self._error(405, "method not allowed", {"Allow": ", ".join(allowed)}))
             else:
-                self._send(Response.text(404, "not found"))
+                self._send(self._error(404, "not found"))
             return
         body = self._read_body()
         if body is None:
@@ -162,7 +162,7 @@ class _Handler(BaseHTTPRequestHandler):
             resp = handler(req)
         except Exception:
             log.exception("http handler failed", path=url.path, method=self.command)
-            resp = Response.text(500, "internal error")
+            resp = self._error(500, "internal error")
         self._send(resp, head=self.command == "HEAD")
 
     def _admitted(self, gate: Gate, path: str) -> bool:
@@ -175,12 +175,24 @@ class _Handler(BaseHTTPRequestHandler):
             return True
         self.close_connection = True  # the body stays unread
         if reason == "client_certificate":
-            self._send(Response.text(403, "client certificate required"))
+            self._send(self._error(403, "client certificate required"))
         else:
             error = ', error="invalid_token"' if reason == "invalid_token" else ""
             challenge = {"WWW-Authenticate": f'Bearer realm="coeffd"{error}'}
-            self._send(Response.text(401, "bearer token required", challenge))
+            self._send(self._error(401, "bearer token required", challenge))
         return False
+
+    def _error(
+        self, status: int, reason: str, headers: Mapping[str, str] | None = None
+    ) -> Response:
+        """An error answer shaped by the server's ``error_response`` (OTLP/HTTP: a
+        ``google.rpc.Status`` in the request's encoding), else plain text."""
+        shape = self.server.error_response
+        if shape is None:
+            return Response.text(status, reason, headers)
+        resp = shape(status, reason, self.headers.get("Content-Type") or "")
+        resp.headers.update(headers or {})
+        return resp
 
     def _read_body(self, discard: bool = False) -> bytes | None:
         """Read the body (Content-Length or chunked) up to the server's limit."""
@@ -236,12 +248,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _refuse(self, status: int, reason: str) -> None:
         """Answer a request whose body we will not read, and tell the owner."""
         self.close_connection = True  # the unread body would poison keep-alive
-        shape = self.server.error_response
-        self._send(
-            shape(status, reason, self.headers.get("Content-Type") or "")
-            if shape is not None
-            else Response.text(status, reason)
-        )
+        self._send(self._error(status, reason))
         hook = self.server.on_refused
         if hook is not None:
             hook(status, reason, self.client_address[0] if self.client_address else "")

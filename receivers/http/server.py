@@ -58,6 +58,7 @@ _CODES = {
     405: code_pb2.UNIMPLEMENTED,
     413: code_pb2.RESOURCE_EXHAUSTED,
     415: code_pb2.INVALID_ARGUMENT,
+    500: code_pb2.INTERNAL,
     503: code_pb2.UNAVAILABLE,
 }
 

@@ -245,3 +245,17 @@ def test_decoder_sources_are_bounded_by_bytes() -> None:
         decoder.decode(req)
         assert decoder._source_bytes <= 4 << 20
     assert 0 < len(decoder._sources) <= (4 << 20) // 60_000
+
+
+def test_wrong_path_and_method_answer_a_status_too(app: App) -> None:
+    for method, path, code in (("GET", "/v1/traces", 405), ("POST", "/v1/logs", 404)):
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{app.otlp_http_port}{path}",
+            data=b"" if method == "POST" else None,
+            method=method,
+            headers={"Content-Type": "application/json"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as ei:
+            urllib.request.urlopen(req, timeout=30)
+        assert ei.value.code == code
+        assert json.loads(ei.value.read())["message"]
