@@ -98,10 +98,21 @@ def _fields(data: bytes, start: int, end: int) -> Iterator[tuple[int, int, int]]
     A generator, so that a caller crossing a bound stops the walk there."""
     i = start
     while i < end:
-        key, i = _varint(data, i)
+        key = data[i]  # one-byte keys and lengths inline: this loop runs per span
+        if key < 0x80:
+            i += 1
+        else:
+            key, i = _varint(data, i)
         wire = key & 7
         if wire == 2:
-            n, i = _varint(data, i)
+            n = data[i]
+            if n < 0x80:
+                i += 1
+            elif i + 1 < end and data[i + 1] < 0x80:  # spans are mostly 128 B - 16 KB
+                n = (n & 0x7F) | data[i + 1] << 7
+                i += 2
+            else:
+                n, i = _varint(data, i)
             if i + n > end:
                 raise _Stop
             yield key >> 3, i, i + n
