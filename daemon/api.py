@@ -5,7 +5,10 @@ attached, so any router can mount them and tests can call them directly:
 
 * ``GET /v1/configurations`` - every configuration with its latest version;
 * ``GET /v1/coefficients/{id}[?version=N][&format=json|flags|yaml]`` - latest (or N);
-* ``GET /v1/coefficients/{id}/history`` - all retained versions, oldest first.
+* ``GET /v1/coefficients/{id}/history`` - all retained versions, oldest first;
+* ``GET /v1/predict?model=…&gpu=…&tp=…`` - coefficients for a described configuration,
+  its own or predicted by the fleet model, with source and expected error
+  (:mod:`daemon.predict`).
 
 Errors are JSON ``{"error": {"status": .., "message": ..}}``: 404 for an unknown
 configuration or version, 400 for a bad query, 405 for a non-GET method.
@@ -26,6 +29,7 @@ import orjson
 from daemon.http.server import Request as HttpRequest
 from daemon.http.server import Response as HttpResponse
 from daemon.http.server import Router
+from daemon.predict import PredictError, Predictor, describe, predict, render
 from daemon.publish.blis import to_flags, to_yaml_block
 from daemon.publish.snapshot import (
     InvalidConfigurationIdError,
@@ -161,13 +165,29 @@ def get_history(store: SnapshotStore, config_id: str) -> Response:
     )
 
 
-def handle(store: SnapshotStore, method: str, target: str) -> Response | None:
+def get_prediction(store: SnapshotStore, predictor: Predictor | None, query: Query) -> Response:
+    """``GET /v1/predict?model=…&gpu=…&tp=…`` (:mod:`daemon.predict`)."""
+    fmt = _single(query, "format") or "json"
+    if fmt not in FORMATS:
+        return error(400, f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    try:
+        answer = predict(store, predictor, describe(query))
+    except PredictError as e:
+        return error(400, str(e))
+    return Response(200, [("Content-Type", FORMATS[fmt])], render(answer, fmt))
+
+
+def handle(
+    store: SnapshotStore, method: str, target: str, predictor: Predictor | None = None
+) -> Response | None:
     """Dispatch a raw request target (``/path?query``); None when the path isn't ours."""
     parts = urlsplit(target)
     path = parts.path.rstrip("/") or "/"
     query = parse_qs(parts.query, keep_blank_values=True)
     if path == "/v1/configurations":
         route = "list"
+    elif path == "/v1/predict":
+        route = "predict"
     elif path.startswith("/v1/coefficients/"):
         route = "coefficients"
     else:
@@ -177,6 +197,8 @@ def handle(store: SnapshotStore, method: str, target: str) -> Response | None:
         return resp._replace(headers=[*resp.headers, ("Allow", "GET, HEAD")])
     if route == "list":
         return list_configurations(store)
+    if route == "predict":
+        return get_prediction(store, predictor, query)
     segments = [unquote(s) for s in path[len("/v1/coefficients/") :].split("/")]
     if len(segments) == 1:
         return get_coefficients(store, segments[0], query)
@@ -185,8 +207,9 @@ def handle(store: SnapshotStore, method: str, target: str) -> Response | None:
     return error(404, f"no such resource {parts.path!r}")
 
 
-def mount(router: Router, store: SnapshotStore) -> None:
-    """Serve the API from ``store`` on the daemon's router (GET and HEAD).
+def mount(router: Router, store: SnapshotStore, predictor: Predictor | None = None) -> None:
+    """Serve the API from ``store`` on the daemon's router (GET and HEAD); ``predictor``
+    (the daemon's fleet model) answers ``/v1/predict`` for unseen configurations.
 
     ``/v1/configurations`` is an exact route and ``/v1/coefficients/`` a prefix route;
     both go through ``handle`` so routing rules live in one place.
@@ -194,10 +217,13 @@ def mount(router: Router, store: SnapshotStore) -> None:
 
     def endpoint(req: HttpRequest) -> HttpResponse:
         target = req.path + ("?" + urlencode(req.query, doseq=True) if req.query else "")
-        resp = handle(store, req.method, target) or error(404, f"no such resource {req.path!r}")
+        resp = handle(store, req.method, target, predictor) or error(
+            404, f"no such resource {req.path!r}"
+        )
         headers = dict(resp.headers)
         content_type = headers.pop("Content-Type", JSON)
         return HttpResponse(resp.status, resp.body, content_type, headers)
 
     router.add_route("GET", "/v1/configurations", endpoint)
+    router.add_route("GET", "/v1/predict", endpoint)
     router.add_route("GET", "/v1/coefficients/", endpoint, prefix=True)

@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from daemon.batchhist import BatchHistogram
 from daemon.checkpoint import CheckpointStore
+from daemon.fleet import FleetPublisher
 from daemon.publish.snapshot import (
     ConfigurationRef,
     DriftEvent,
@@ -363,6 +364,7 @@ class LearningConsumer:
         live: bool = True,
         shedder: LoadShedder | None = None,
         sampler: EngineSampler | None = None,
+        fleet: FleetPublisher | None = None,
     ) -> None:
         self.joiner = joiner
         self.registry = registry
@@ -426,6 +428,8 @@ class LearningConsumer:
         self.published = 0
         #: Whether :meth:`restore` found learner state of an earlier run.
         self.restored = False
+        #: The fleet model (snapshot ``fleet``, ``/v1/predict``), refitted on its cadence.
+        self.fleet = fleet
 
     # ------------------------------------------------------------------ state
     def restore(self) -> bool:
@@ -503,6 +507,7 @@ class LearningConsumer:
         self._learn(self.joiner.tick(int(now * 1e9) if self.live else None), now)
         self._shed_count()
         self.publish_due(now)
+        self._publish_fleet(now)
         if (
             self.checkpoints is not None
             and now - self._last_checkpoint >= self.checkpoint_interval_s
@@ -516,6 +521,7 @@ class LearningConsumer:
         self._learn(self.joiner.flush(), now)
         self._shed_count()
         self.publish_due(now, force=True)
+        self._publish_fleet(now, force=True)
         if self.records:
             # Nothing consumed: what is on disk already is this state, and a start that
             # failed (a port in use) must leave no files behind.
@@ -780,6 +786,18 @@ class LearningConsumer:
             self.metrics.coefficient.labels(cid, "alpha", str(i)).set(val)
         for i, val in enumerate(snap.beta):
             self.metrics.coefficient.labels(cid, "beta", str(i)).set(val)
+
+    def _publish_fleet(self, now: float, force: bool = False) -> None:
+        if self.fleet is None:
+            return
+        snap = self.fleet.tick(now, self.store, force=force)
+        if snap is None:
+            return
+        self.writer.submit_snapshot(snap)
+        self.published += 1
+        for name, values in (("alpha", snap.alpha), ("beta", snap.beta)):
+            for i, val in enumerate(values):
+                self.metrics.coefficient.labels(snap.config_id, name, str(i)).set(val)
 
     def _written(self, snap: Snapshot, at: float) -> None:
         """Writer thread: a snapshot is on disk; it and every older one replaced by it

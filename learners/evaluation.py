@@ -289,6 +289,11 @@ class WindowedRefit:
     def predict_one(self, x: Sequence[float] | FloatArray) -> float:
         return float(np.asarray(x, dtype=float) @ self.coef)
 
+    def rows(self) -> tuple[FloatArray, FloatArray]:
+        """The rows held (float64 copies, storage order): what the fleet model scores
+        leave-one-configuration-out errors on (``learners.fleet``)."""
+        return self._x.values().astype(np.float64), self._y.values().astype(np.float64)
+
     def learn_many_prequential(self, X: FloatArray, y: FloatArray) -> FloatArray:
         """Predict each row, then learn it: the same as ``predict_one`` and ``learn_one``
         row by row, a segment (up to the next refit) at a time. Rows whose ``y`` is not

@@ -18,6 +18,7 @@ from daemon import api
 from daemon.app import App
 from daemon.checkpoint import CheckpointStore
 from daemon.commands.common import EXIT_USAGE, add_settings_arguments, settings_from_args
+from daemon.fleet import FleetPublisher
 from daemon.learning import ConfigResolver, LearningConsumer, ServeMetrics
 from daemon.publish.snapshot import PublishPolicy, SnapshotStore
 from daemon.sampling import EngineSampler
@@ -74,9 +75,10 @@ def build_consumer(
         models_dir=settings.catalog.models_dir or None,
         hardware_dir=settings.catalog.hardware_dir or None,
     )
+    learners = LearnerRegistry(settings.learners, resolver=bases)
     consumer = LearningConsumer(
         joiner=Joiner(settings.joiner, JoinerMetrics(registry)),
-        registry=LearnerRegistry(settings.learners, resolver=bases),
+        registry=learners,
         metrics=ServeMetrics(registry, settings.http.error_histograms),
         # telemetry names models and GPUs: unknown names are skipped and counted
         resolver=ConfigResolver(static_config, check=bases.problem),
@@ -98,6 +100,7 @@ def build_consumer(
         if settings.pipeline.shed_learning
         else None,
         sampler=_sampler(settings.pipeline),
+        fleet=FleetPublisher(learners, registry),
     )
     if checkpoints is not None and settings.state.restore:
         consumer.restore()
@@ -135,7 +138,7 @@ def build_app(
         app.decoder.source_filter = consumer.sampler.keep
         app.kv_engine_filter = consumer.sampler.keep_engine
         consumer.sampler.receivers_full = app.grpc_occupancy.full_share
-    api.mount(app.router, store)
+    api.mount(app.router, store, consumer.fleet)
     return app
 
 

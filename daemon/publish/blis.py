@@ -19,6 +19,7 @@ import io
 import json
 import math
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -473,8 +474,13 @@ def _list_edits(
     return [(colon, value.end_mark.index, ": " + flow_list(values))]
 
 
-def render_defaults(text: str, alpha: Sequence[float], beta: Sequence[float]) -> str:
+def render_defaults(
+    text: str, alpha: Sequence[float], beta: Sequence[float], comment: str | None = None
+) -> str:
     r"""Return ``text`` with its coefficient block set to ``alpha``/``beta`` (no I/O).
+
+    ``comment`` (one line, ``# coeffd…``) replaces the ``# coeffd`` comment lines right
+    above the block, or is inserted there: it says which vector the block holds.
 
     Raises ``InvalidCoefficientsError`` or ``DefaultsYamlError`` when the input or the
     result would not load in BLIS.
@@ -516,10 +522,48 @@ def render_defaults(text: str, alpha: Sequence[float], beta: Sequence[float]) ->
         )
     else:
         out = _round_trip(text, alpha, beta)
+    if comment is not None:
+        out = _block_comment(out, comment)
     got_alpha, got_beta = check_defaults_text(out, require_coefficients=True)
     if got_alpha != [float(v) for v in alpha] or got_beta != [float(v) for v in beta]:
         raise DefaultsYamlError(["rewritten block does not read back to the requested values"])
     return out
+
+
+#: The comments coeffd writes above the block (``# coeffd[ VERSION]: …``), replaced on rewrite.
+_OWN_COMMENT = re.compile(r"^# coeffd(?: \S+)?: ")
+
+
+def own_comment(text: str) -> str | None:
+    r"""coeffd's comment right above the coefficient block, if there is one.
+
+    >>> own_comment("# coeffd 1.0: fleet vector\ntrained_physics_coefficients:\n")
+    '# coeffd 1.0: fleet vector'
+    >>> own_comment("# coeffd test fixture\ntrained_physics_coefficients:\n") is None
+    True
+    """
+    lines = text.splitlines()
+    at = next((i for i, ln in enumerate(lines) if ln.startswith(f"{BLOCK_KEY}:")), None)
+    if at is None or at == 0 or not _OWN_COMMENT.match(lines[at - 1]):
+        return None
+    return lines[at - 1]
+
+
+def _block_comment(text: str, comment: str) -> str:
+    r"""``text`` with ``comment`` as the only ``# coeffd`` line above the block key.
+
+    >>> _block_comment("a: 1\n# coeffd: old\ntrained_physics_coefficients:\n", "# coeffd: new")
+    'a: 1\n# coeffd: new\ntrained_physics_coefficients:\n'
+    """
+    line = "# " + comment.lstrip("# ").replace("\n", " ").replace("\r", " ")
+    lines = text.splitlines(keepends=True)
+    at = next((i for i, ln in enumerate(lines) if ln.startswith(f"{BLOCK_KEY}:")), None)
+    if at is None:
+        return text
+    start = at
+    while start > 0 and _OWN_COMMENT.match(lines[start - 1]):
+        start -= 1
+    return "".join([*lines[:start], line + "\n", *lines[at:]])
 
 
 def _round_trip(text: str, alpha: Sequence[float], beta: Sequence[float]) -> str:
@@ -587,7 +631,10 @@ BACKUP_SUFFIX = ".bak"
 
 
 def plan_defaults_update(
-    path: str | os.PathLike[str], alpha: Sequence[float], beta: Sequence[float]
+    path: str | os.PathLike[str],
+    alpha: Sequence[float],
+    beta: Sequence[float],
+    comment: str | None = None,
 ) -> DefaultsUpdate:
     """Read ``path`` (through symlinks) and render its new text; raises like
     :func:`render_defaults`, or ``OSError`` when the file cannot be read."""
@@ -597,7 +644,7 @@ def plan_defaults_update(
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise DefaultsYamlError([f"{path}: not UTF-8: {exc}"]) from exc
-    return DefaultsUpdate(Path(path), target, text, render_defaults(text, alpha, beta))
+    return DefaultsUpdate(Path(path), target, text, render_defaults(text, alpha, beta, comment))
 
 
 def rewrite_defaults(

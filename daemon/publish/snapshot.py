@@ -143,6 +143,9 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     drift: tuple[DriftEvent, ...] = ()
     unidentified: tuple[str, ...] = ()
     coeffd_version: str = msgspec.field(default_factory=coeffd_version)
+    #: Fleet snapshot only (``learners.fleet``): leave-one-configuration-out step-time
+    #: error, configuration id (or ``mean``) -> source (``fleet``, ``blis_default``, …).
+    loco: dict[str, dict[str, ErrorStats]] = msgspec.field(default_factory=dict)
 
     @property
     def config_id(self) -> str:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from daemon import api
 from daemon.http.server import HttpServer
 from daemon.publish.snapshot import ConfigurationRef, ErrorStats, Snapshot, SnapshotStore
 
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 BLIS_DEFAULTS = FIXTURES / "blis_defaults.yaml"
 
@@ -48,3 +51,14 @@ def serve(store: SnapshotStore) -> tuple[HttpServer, str]:
     api.mount(server.router, store)
     server.start()
     return server, f"http://127.0.0.1:{server.port}"
+
+
+def run_pull(*args: str) -> subprocess.CompletedProcess[str]:
+    """``coeffd pull ARGS`` as a real subprocess (``python -m daemon pull``)."""
+    return subprocess.run(
+        [sys.executable, "-m", "daemon", "pull", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )

@@ -4,27 +4,16 @@ from __future__ import annotations
 
 import shutil
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from publish_support import BLIS_DEFAULTS, make_snapshot, serve
+from publish_support import run_pull as _pull
 
 from daemon.publish.blis import validate_defaults_yaml
 from daemon.publish.snapshot import SnapshotStore
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _pull(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "daemon", "pull", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def _outside_block(text: str) -> list[str]:

@@ -1,0 +1,277 @@
+"""The fleet model and predictions for unseen configurations, on ``fleet-shared``.
+
+``python -m bench fleet [--quick] [--duration 60] [--seed 1] [--step-rate 0.25]
+[--no-closedloop]``
+
+1. **Learn**: simfleet's ``fleet-shared`` scenario (12 configurations, dense and MoE, H100
+   and A100, TP 1/2/4; true coefficients = a fleet base × per-GPU efficiency × per-family
+   overheads × TP communication efficiency × a ±3 % idiosyncrasy, :mod:`simfleet.fleet_truth`)
+   through the real decoder, joiner and per-configuration learners.
+2. **LOCO**: for every configuration, the step-time MAPE of the fleet vector fitted without
+   it (:mod:`learners.fleet`), beside BLIS's shipped vector and the true vector (the noise
+   floor) on the same rows — its most recent observed steps. Target: LOCO ≤ ½ of BLIS's
+   defaults on every configuration.
+3. **Stated vs actual**: each configuration in turn is removed from the fleet altogether
+   (learners and pooled prior); its coefficients are then pulled the way a user would —
+   ``coeffd pull --model … --hardware … --tp …`` (pull's code, real HTTP, ``/v1/predict``)
+   — and their error on the configuration's observed steps is compared with the
+   expected error the answer stated. Target: actual ≤ 1.5 × stated on every one.
+4. **Closed loop** (``bench.closedloop``'s serving runs): each held-out configuration's
+   seeded workload served at 60 % of its measured capacity with its true coefficients,
+   with the pulled prediction and with BLIS's defaults, noise-free; mean TTFT and E2E
+   relative to the truth run. Target: within 5 %.
+
+Returns 1 when a target is missed (``make bench`` reports it and goes on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import structlog
+
+from daemon import api
+from daemon.commands.pull import pull
+from daemon.fleet import FleetPublisher
+from daemon.http.server import HttpServer
+from daemon.publish.snapshot import SnapshotStore
+from learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA
+from learners.features.config import ServingConfig
+from learners.fleet import FleetModel
+from learners.registry import LearnerRegistry
+from receivers.joiner import Joiner
+from receivers.otlp.decode import Decoder
+from simfleet import SampleRates
+from simfleet import run as simulate
+from simfleet.scenarios import FLEET_SHARED, fleet_shared_engine
+
+LOCO_TARGET = 0.5  # fleet LOCO error / BLIS defaults' error, every configuration
+STATED_TARGET = 1.5  # actual error of the pulled prediction / its stated expected error
+CLOSED_LOOP_TARGET = 0.05  # |mean TTFT/E2E − truth| / truth
+SERVE_LOAD = 0.6  # of the configuration's measured capacity
+
+
+@dataclass
+class Learned:
+    registry: LearnerRegistry
+    truth: dict[str, Any]
+    names: dict[str, str]  # config id -> scenario row name
+    rows: dict[str, tuple[np.ndarray, np.ndarray]]  # config id -> recent step rows
+
+
+def learn(duration_s: float, seed: int, step_rate: float) -> Learned:
+    """``fleet-shared`` through decoder → joiner → learners, in process."""
+    dec, joiner, reg = Decoder(), Joiner(), LearnerRegistry()
+
+    def feed(observations: Any) -> None:
+        for o in observations:
+            reg.learn(ServingConfig.from_resource(o.source), o)
+
+    res = simulate(
+        "fleet-shared",
+        duration_s,
+        seed,
+        rates=SampleRates(1.0, step_rate, 0.0, 100),
+        trace_sinks=[lambda req: feed(joiner.push_many(dec.decode(req).records))],
+        drain_s=5.0,
+    )
+    feed(joiner.flush())
+    for cid in reg.ids():
+        reg.snapshot(cid)  # feeds the pooled prior, as publishing does
+    names = {
+        c["config_id"]: c["engine"].removeprefix("shared-") for c in res.truth["configurations"]
+    }
+    rows = {}
+    for cid in reg.ids():
+        ls = reg.get(cid)
+        if ls is not None:
+            rows[cid] = ls.baseline.rows()
+    return Learned(reg, res.truth, names, rows)
+
+
+def mape(x: np.ndarray, y: np.ndarray, beta: Sequence[float]) -> float:
+    return float(np.mean(np.abs(x @ np.asarray(beta, dtype=float) - y) / y))
+
+
+def _truth(learned: Learned, cid: str) -> dict[str, Any]:
+    return next(c for c in learned.truth["configurations"] if c["config_id"] == cid)
+
+
+def pull_prediction(
+    learned: Learned, held_out: str, url: str, publisher: FleetPublisher
+) -> dict[str, Any]:
+    """The fleet without ``held_out`` (learners and pool); its coefficients as
+    ``coeffd pull --model … --hardware … --tp … --format json`` returns them."""
+    publisher.model = FleetModel.from_registry(learned.registry, exclude=[held_out])
+    sv = _truth(learned, held_out)["serving"]
+    args = argparse.Namespace(
+        server=url,
+        model=sv["model"],
+        hardware=sv["gpu"],
+        tp=sv["tp"],
+        max_num_batched_tokens=sv["max_num_batched_tokens"],
+        format="json",
+        timeout=30.0,
+        set=[
+            f"max_num_seqs={sv['max_num_seqs']}",
+            f"block_size={sv['block_size']}",
+            f"prefix_caching={sv['prefix_caching']}",
+            f"async_scheduling={sv['async_scheduling']}",
+            "chunked_prefill=true",
+            f"max_model_len={_truth(learned, held_out)['workload']['max_model_len']}",
+        ],
+    )
+    answer: dict[str, Any] = orjson.loads(pull(args))
+    if answer["configuration"]["id"] != held_out:
+        raise RuntimeError(f"described {answer['configuration']['id']}, meant {held_out}")
+    return answer
+
+
+def closed_loop(
+    learned: Learned, cid: str, alpha: Sequence[float], beta: Sequence[float], seconds: float
+) -> dict[str, dict[str, float]]:
+    """Mean TTFT/E2E with the pulled and the default vectors relative to the truth."""
+    from bench.closedloop import capacity, latency, serve, with_coefficients
+
+    row = next(r for r in FLEET_SHARED if r[0] == learned.names[cid])
+    spec = fleet_shared_engine(*row)
+    seed = 11
+    rate = SERVE_LOAD * capacity(spec, seed, seconds=min(90.0, seconds))
+    t = spec.truth.points[0]
+    runs = {
+        name: serve(with_coefficients(spec, a, b, rate), seconds, seed)
+        for name, (a, b) in {
+            "truth": (t.alpha, t.beta),
+            "pulled": (alpha, beta),
+            "blis_default": (BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA),
+        }.items()
+    }
+    truth = runs["truth"]
+    warm = min(a for a, _, _ in truth.values()) + 0.1 * seconds * 1e9
+    keys = sorted(
+        k for k, (a, _, _) in truth.items() if a >= warm and all(k in r for r in runs.values())
+    )
+    ref = latency(truth, keys)
+    out = {}
+    for name in ("pulled", "blis_default"):
+        lat = latency(runs[name], keys)
+        out[name] = {
+            "mean_ttft": lat.mean_ttft / ref.mean_ttft - 1.0,
+            "mean_e2e": lat.mean_e2e / ref.mean_e2e - 1.0,
+            "requests": float(len(keys)),
+        }
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench fleet", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="60 s learning, 120 s closed loop")
+    p.add_argument("--duration", type=float, default=120.0, help="simulated learning seconds")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--step-rate", type=float, default=0.25, help="vLLM step sample rate")
+    p.add_argument("--serve-seconds", type=float, default=300.0, help="closed-loop runs")
+    p.add_argument("--no-closedloop", action="store_true")
+    a = p.parse_args(list(argv or []))
+    if a.quick:
+        a.duration, a.serve_seconds = 60.0, 120.0
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
+    learned = learn(a.duration, a.seed, a.step_rate)
+    fm = FleetModel.from_registry(learned.registry)
+    r = fm.result()
+    ok = True
+
+    print(
+        f"fleet-shared: {len(learned.names)} configurations, {a.duration:.0f} simulated s, "
+        f"step sampling {a.step_rate}; fleet model over {len(fm)} (best prediction source "
+        f"by LOCO: {r.best_source})\n"
+    )
+    print("1. Leave-one-configuration-out step-time MAPE (recent observed steps of each)")
+    print(
+        f"{'configuration':<22}{'rows':>6}{'fleet':>9}{'local':>9}{'pooled':>9}"
+        f"{'defaults':>10}{'floor':>8}{'fleet/def':>11}"
+    )
+    for cid, row in sorted(r.loco.items(), key=lambda kv: learned.names[kv[0]]):
+        x, y = learned.rows[cid]
+        floor = mape(x, y, _truth(learned, cid)["coefficients"]["points"][0]["beta"])
+        ratio = row["fleet"].mape / row["blis_default"].mape
+        ok &= ratio <= LOCO_TARGET
+        pooled = row.get("pooled_prior")
+        print(
+            f"{learned.names[cid]:<22}{row['fleet'].n:>6}{row['fleet'].mape:>9.4f}"
+            f"{row['fleet_local'].mape:>9.4f}{(pooled.mape if pooled else math.nan):>9.4f}"
+            f"{row['blis_default'].mape:>10.4f}{floor:>8.4f}{ratio:>11.3f}"
+            f"{'' if ratio <= LOCO_TARGET else '  MISSED'}"
+        )
+    worst = max(r.loco_ratio().values())
+    print(f"worst fleet/defaults ratio {worst:.3f} (target ≤ {LOCO_TARGET})\n")
+
+    print("2. coeffd pull --model/--hardware/--tp for each configuration left out of the fleet")
+    print(
+        f"{'held out':<22}{'source':>13}{'stated':>9}{'actual':>9}{'act/stated':>12}"
+        f"{'defaults':>10}"
+    )
+    answers: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        store = SnapshotStore(Path(tmp) / "snaps")  # nothing published: every one unseen
+        publisher = FleetPublisher(learned.registry)
+        server = HttpServer("127.0.0.1", 0, name="bench-fleet")
+        api.mount(server.router, store, publisher)
+        server.start()
+        try:
+            url = f"http://127.0.0.1:{server.port}"
+            for cid in sorted(learned.rows, key=lambda c: learned.names[c]):
+                answers[cid] = pull_prediction(learned, cid, url, publisher)
+        finally:
+            server.stop()
+    worst_stated = 0.0
+    for cid, ans in answers.items():
+        x, y = learned.rows[cid]
+        actual = mape(x, y, ans["beta"])
+        stated = ans["expected_error"]
+        ratio = actual / stated if stated else math.inf
+        worst_stated = max(worst_stated, ratio)
+        ok &= ratio <= STATED_TARGET
+        print(
+            f"{learned.names[cid]:<22}{ans['source']:>13}{stated:>9.4f}{actual:>9.4f}"
+            f"{ratio:>12.3f}{mape(x, y, BLIS_DEFAULT_BETA):>10.4f}"
+            f"{'' if ratio <= STATED_TARGET else '  MISSED'}"
+        )
+    print(f"worst actual/stated {worst_stated:.3f} (target ≤ {STATED_TARGET})\n")
+
+    if not a.no_closedloop:
+        print(
+            f"3. Closed loop: held-out configuration served at {SERVE_LOAD:.0%} of capacity "
+            f"for {a.serve_seconds:.0f} s, noise-free; mean relative to the truth run"
+        )
+        print(
+            f"{'held out':<22}{'requests':>9}{'TTFT pulled':>13}{'E2E pulled':>12}"
+            f"{'TTFT def':>10}{'E2E def':>9}"
+        )
+        worst_cl = 0.0
+        for cid, ans in answers.items():
+            cl = closed_loop(learned, cid, ans["alpha"], ans["beta"], a.serve_seconds)
+            pu, de = cl["pulled"], cl["blis_default"]
+            w = max(abs(pu["mean_ttft"]), abs(pu["mean_e2e"]))
+            worst_cl = max(worst_cl, w)
+            ok &= w <= CLOSED_LOOP_TARGET
+            print(
+                f"{learned.names[cid]:<22}{int(pu['requests']):>9}{pu['mean_ttft']:>+13.3%}"
+                f"{pu['mean_e2e']:>+12.3%}{de['mean_ttft']:>+10.1%}{de['mean_e2e']:>+9.1%}"
+                f"{'' if w <= CLOSED_LOOP_TARGET else '  MISSED'}"
+            )
+        print(f"worst |mean TTFT/E2E| of the pulled prediction {worst_cl:.3%} "
+              f"(target ≤ {CLOSED_LOOP_TARGET:.0%})")  # fmt: skip
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,433 @@
+"""The fleet model: one α/β for every configuration, and coefficients for unseen ones.
+
+BLIS ships one ``trained_physics_coefficients`` block for every model, GPU and TP: its
+basis carries the physics (FLOPs over peak FLOP/s, bytes over bandwidth, ring factors),
+so one vector can serve all configurations. coeffd learns one vector per configuration;
+this module fits the one vector jointly over all of them, and predicts coefficients for a
+configuration nobody has deployed.
+
+How. Every per-configuration learner keeps its information ``(A_c, b_c)`` (relative-error
+units, exponentially forgotten, scaled down on a drift alarm: :mod:`learners.rls`). The
+statistics of independent streams add, so the joint least-squares fit over every
+configuration's observations is one solve of ``(Σ w_c A_c + A₀) θ = Σ w_c b_c + b₀``
+(non-negative: :func:`learners.nnls.nnls_information`), with BLIS's shipped vector as a
+weak prior ``A₀`` for terms no configuration excites. Forgetting and drift handling are
+the members' own: a configuration that drifted has just had its information scaled down,
+so it counts little in the fleet until it has re-learned — the fleet tracks a changed
+configuration exactly as fast as that configuration's learner does.
+
+Configuration weights ``w_c = min(1, n_ref / n_eff,c)``, ``n_ref`` the median effective
+sample size. Why: the fleet vector is for configurations the fleet has *not* seen, so
+each configuration is one sample of "a configuration" and should count about equally; a
+chatty one (many engines, long memory) would otherwise pull the shared vector toward its
+own idiosyncrasy. Capping at 1 rather than normalising every configuration to the same
+weight keeps a quiet configuration (a few rows, or just after a drift alarm) at its own
+small weight: inflating its information would claim a precision its few rows do not have.
+
+Honest error: **leave one configuration out** (LOCO). For each configuration with recent
+step rows (its learner's batch-refit window), the fleet is refitted without it and scored
+on those rows (mean absolute percentage error), beside BLIS's shipped vector on the same
+rows. Two more candidates for an unseen configuration are scored the same way:
+``fleet_local``, the joint fit with each configuration's weight multiplied by its
+similarity to the target (``floor + sim⁴``: same GPU, model, TP count most), and
+``pooled_prior``, the registry's similarity-weighted average of learned vectors
+(:mod:`learners.prior`). :meth:`FleetModel.predict` uses the candidate with the lowest
+mean LOCO error and states as its expected error the LOCO errors of the known
+configurations most like the target (same similarity kernel): their mean plus one
+standard deviation.
+
+>>> import numpy as np
+>>> from learners.features import BLIS_DEFAULT_BETA
+>>> truth = np.array(BLIS_DEFAULT_BETA) * 1.2
+>>> rng = np.random.default_rng(0)
+>>> members = []
+>>> for k, gpu in enumerate(["H100", "A100-80", "H100"]):
+...     x = rng.uniform(0.0, 100.0, size=(200, 11))
+...     y = x @ truth
+...     w = 1.0 / y**2
+...     members.append(MemberStats(
+...         key=f"c{k}", description={"model": "m", "gpu": gpu, "tp": 1},
+...         beta_a=(x * w[:, None]).T @ x, beta_b=x.T @ (w * y), beta_n=200.0,
+...         rows_x=x, rows_y=y))
+>>> fm = FleetModel(members)
+>>> r = fm.result()
+>>> sorted(r.loco), all(min(r.beta[i], truth[i]) >= 0 for i in range(11))
+(['c0', 'c1', 'c2'], True)
+>>> r.loco["c0"]["fleet"].mape < 0.01 < 0.1 < r.loco["c0"]["blis_default"].mape
+True
+>>> p = fm.predict({"model": "m", "gpu": "H100", "tp": 2})
+>>> p.source in ("fleet", "fleet_local"), p.expected_error < 0.01
+(True, True)
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA
+from learners.nnls import nnls_information
+from learners.prior import DEFAULT_SIMILARITY_WEIGHTS, PooledPrior, prior_precision
+
+if TYPE_CHECKING:
+    from learners.registry import LearnerRegistry, LearnerSet
+
+__all__ = [
+    "FLEET_ID",
+    "SOURCES",
+    "FleetModel",
+    "FleetResult",
+    "LocoError",
+    "MemberStats",
+    "Prediction",
+    "member_stats",
+]
+
+FloatArray = npt.NDArray[np.float64]
+
+#: Snapshot id of the fleet vector (configuration ids are 12 hex digits: no clash).
+FLEET_ID = "fleet"
+#: Candidates for an unseen configuration, scored by LOCO, plus the reference.
+SOURCES: tuple[str, ...] = ("fleet", "fleet_local", "pooled_prior")
+_ALPHA_TARGETS = ("arrival_to_queued", "finished_to_departed", "output_token")
+
+
+@dataclass(frozen=True)
+class MemberStats:
+    """What the fleet needs from one configuration's learners.
+
+    ``beta_a``/``beta_b``: the β learner's data information (no prior);
+    ``alpha_a``/``alpha_b``/``alpha_n``: the same for each α learner (1×1, 0 when absent);
+    ``rows_x``/``rows_y``: recent step rows (basis terms, period µs) for LOCO scoring.
+    """
+
+    key: str
+    description: dict[str, Any]
+    beta_a: FloatArray
+    beta_b: FloatArray
+    beta_n: float
+    alpha_a: tuple[float, ...] = (0.0, 0.0, 0.0)
+    alpha_b: tuple[float, ...] = (0.0, 0.0, 0.0)
+    alpha_n: tuple[float, ...] = (0.0, 0.0, 0.0)
+    rows_x: FloatArray | None = None
+    rows_y: FloatArray | None = None
+
+
+def member_stats(ls: LearnerSet) -> MemberStats | None:
+    """A live learner set's statistics (None before its β learner has data)."""
+    beta = ls.learners.get("beta")
+    if beta is None or beta.n_learned == 0:
+        return None
+    a, b = beta.data_information()
+    aa, ab, an = [0.0] * 3, [0.0] * 3, [0.0] * 3
+    for j, t in enumerate(_ALPHA_TARGETS):
+        m = ls.learners.get(t)
+        if m is not None and m.n_learned > 0:
+            ma, mb = m.data_information()
+            aa[j], ab[j], an[j] = float(ma[0, 0]), float(mb[0]), m.n_effective
+    x, y = ls.baseline.rows()
+    return MemberStats(
+        key=ls.config.id,
+        description=ls.config.to_dict(),
+        beta_a=a,
+        beta_b=b,
+        beta_n=beta.n_effective,
+        alpha_a=tuple(aa),
+        alpha_b=tuple(ab),
+        alpha_n=tuple(an),
+        rows_x=x if len(y) else None,
+        rows_y=y if len(y) else None,
+    )
+
+
+@dataclass(frozen=True)
+class LocoError:
+    """Error of one coefficient source on one configuration's recent step rows."""
+
+    mape: float
+    n: int
+
+
+@dataclass(frozen=True)
+class FleetResult:
+    """The fleet vector and its honest error.
+
+    ``loco[config][source]`` for ``source`` in :data:`SOURCES` + ``blis_default``;
+    ``summary[source]`` is the mean over configurations (what picks the predictor).
+    """
+
+    alpha: tuple[float, ...]
+    beta: tuple[float, ...]
+    members: tuple[str, ...]
+    weights: dict[str, float]
+    loco: dict[str, dict[str, LocoError]]
+    summary: dict[str, float]
+    best_source: str
+    observations: float
+
+    def loco_ratio(self, source: str = "fleet") -> dict[str, float]:
+        """Per configuration: LOCO error of ``source`` / error of BLIS's defaults."""
+        out = {}
+        for cid, row in self.loco.items():
+            d = row.get("blis_default")
+            s = row.get(source)
+            if d is not None and s is not None and d.mape > 0:
+                out[cid] = s.mape / d.mape
+        return out
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Coefficients for a described configuration, where they came from, how good."""
+
+    alpha: tuple[float, ...]
+    beta: tuple[float, ...]
+    source: str
+    expected_error: float | None
+    similar: tuple[str, ...] = ()
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def _valid(v: FloatArray, n: int) -> bool:
+    return bool(v.shape == (n,) and np.all(np.isfinite(v)) and np.all(v >= 0) and np.any(v > 0))
+
+
+class FleetModel:
+    """Joint fit over configurations' learner statistics (see module docs).
+
+    Parameters
+    ----------
+    members
+        Per-configuration statistics (:func:`member_stats`, or :meth:`from_registry`).
+    pool
+        The registry's β pool, scored as the ``pooled_prior`` candidate (optional).
+    strength, floor
+        Prior (BLIS's shipped vector) strength in relative units (:mod:`learners.prior`).
+    similarity_weights, sharpness, local_floor
+        Similarity kernel ``local_floor + sim^sharpness`` of ``fleet_local`` and of the
+        expected error of a prediction.
+    min_rows
+        Rows a configuration needs to be scored by LOCO.
+    """
+
+    def __init__(
+        self,
+        members: Iterable[MemberStats],
+        *,
+        pool: PooledPrior | None = None,
+        strength: float = 0.01,
+        floor: float = 1.0,
+        similarity_weights: Mapping[str, float] | None = None,
+        sharpness: float = 4.0,
+        local_floor: float = 0.02,
+        min_rows: int = 20,
+    ) -> None:
+        self.members = {m.key: m for m in members}
+        self.pool = pool
+        self.sharpness = sharpness
+        self.local_floor = local_floor
+        self.min_rows = min_rows
+        self._sim = PooledPrior(
+            BLIS_DEFAULT_BETA, weights=similarity_weights or DEFAULT_SIMILARITY_WEIGHTS
+        )
+        d = np.asarray(BLIS_DEFAULT_BETA, dtype=float)
+        self._beta0 = d
+        self._a0 = np.diag(prior_precision(d, strength, floor))
+        self._b0 = self._a0 @ d
+        da = np.asarray(BLIS_DEFAULT_ALPHA, dtype=float)
+        self._alpha0 = da
+        self._alpha_p = prior_precision(da, strength, floor)
+        self.weights = self._weights([m.beta_n for m in self.members.values()])
+        self._alpha_w = [
+            self._weights([m.alpha_n[j] for m in self.members.values()])
+            for j in range(len(_ALPHA_TARGETS))
+        ]
+        self._result: FleetResult | None = None
+
+    @classmethod
+    def from_registry(
+        cls, registry: LearnerRegistry, exclude: Sequence[str] = (), **kw: Any
+    ) -> FleetModel:
+        """Statistics of every live configuration of ``registry`` (minus ``exclude``, also
+        left out of the pooled prior)."""
+        members = []
+        for cid in registry.ids():
+            ls = registry.get(cid)
+            if ls is None or cid in exclude:
+                continue
+            m = member_stats(ls)
+            if m is not None:
+                members.append(m)
+        if "pool" not in kw:
+            # a private copy: the registry's pool changes on the worker thread while
+            # readers predict, and a left-out configuration must not leak through it
+            src = registry.beta_pool
+            pool = PooledPrior(src.default.tolist(), src.strength, src.floor)
+            pool.load_state(src.state_dict())
+            for key in exclude:
+                pool.remove(key)
+            kw["pool"] = pool
+        kw.setdefault("strength", registry.settings.prior_strength)
+        kw.setdefault("floor", registry.settings.prior_scale_floor)
+        return cls(members, **kw)
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def _weights(self, n_eff: Sequence[float]) -> dict[str, float]:
+        keys = list(self.members)
+        pos = [n for n in n_eff if n > 0]
+        if not pos:
+            return dict.fromkeys(keys, 0.0)
+        ref = statistics.median(pos)
+        return {k: (min(1.0, ref / n) if n > 0 else 0.0) for k, n in zip(keys, n_eff, strict=True)}
+
+    # ------------------------------------------------------------------ fits
+
+    def similarity(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
+        """Similarity of two configuration descriptions (:meth:`PooledPrior.similarity`)."""
+        return self._sim.similarity(a, b)
+
+    def kernel(
+        self, description: Mapping[str, Any], exclude: str | None = None
+    ) -> dict[str, float]:
+        """Similarity weight of every member for a target description."""
+        return {
+            k: self.local_floor + self.similarity(description, m.description) ** self.sharpness
+            for k, m in self.members.items()
+            if k != exclude
+        }
+
+    def fit_beta(self, multipliers: Mapping[str, float] | None = None) -> FloatArray:
+        """Non-negative joint fit; ``multipliers`` (key → factor) select/scale members
+        (default: all, factor 1). Falls back to BLIS's vector if the fit is not valid."""
+        a = self._a0.copy()
+        b = self._b0.copy()
+        for k, m in self.members.items():
+            f = 1.0 if multipliers is None else multipliers.get(k, 0.0)
+            w = self.weights[k] * f
+            if w > 0:
+                a += w * m.beta_a
+                b += w * m.beta_b
+        theta = nnls_information(a, b)
+        return theta if _valid(theta, len(self._beta0)) else self._beta0.copy()
+
+    def fit_alpha(self, multipliers: Mapping[str, float] | None = None) -> FloatArray:
+        """The α intercepts, fitted jointly the same way (one 1×1 system per target)."""
+        out = np.empty(len(_ALPHA_TARGETS))
+        for j in range(len(_ALPHA_TARGETS)):
+            a, b = self._alpha_p[j], self._alpha_p[j] * self._alpha0[j]
+            for k, m in self.members.items():
+                f = 1.0 if multipliers is None else multipliers.get(k, 0.0)
+                w = self._alpha_w[j][k] * f
+                a += w * m.alpha_a[j]
+                b += w * m.alpha_b[j]
+            out[j] = max(b / a, 0.0) if a > 0 and math.isfinite(b / a) else self._alpha0[j]
+        return out
+
+    def _without(self, key: str) -> dict[str, float]:
+        return {k: 1.0 for k in self.members if k != key}
+
+    def candidate_beta(
+        self, source: str, description: Mapping[str, Any], exclude: str | None = None
+    ) -> FloatArray:
+        """β of one candidate source for a target (``exclude``: a member left out)."""
+        if source == "fleet":
+            return self.fit_beta(None if exclude is None else self._without(exclude))
+        if source == "fleet_local":
+            return self.fit_beta(self.kernel(description, exclude))
+        if source == "pooled_prior":
+            pool = self.pool or self._sim
+            mean = pool.prior_for(description, exclude=exclude).mean
+            return mean if _valid(mean, len(self._beta0)) else self._beta0.copy()
+        if source == "blis_default":
+            return self._beta0.copy()
+        raise KeyError(source)
+
+    # ------------------------------------------------------------------ LOCO
+
+    def result(self) -> FleetResult:
+        """The fleet vector and per-configuration LOCO errors (computed once)."""
+        if self._result is not None:
+            return self._result
+        beta = self.fit_beta()
+        alpha = self.fit_alpha()
+        loco: dict[str, dict[str, LocoError]] = {}
+        sources = SOURCES if self.pool is not None else SOURCES[:2]
+        for k, m in self.members.items():
+            if m.rows_x is None or m.rows_y is None or len(m.rows_y) < self.min_rows:
+                continue
+            if len(self.members) < 2:
+                break
+            x = np.asarray(m.rows_x, dtype=float)
+            y = np.asarray(m.rows_y, dtype=float)
+            row = {}
+            for s in (*sources, "blis_default"):
+                theta = self.candidate_beta(s, m.description, exclude=k)
+                row[s] = LocoError(float(np.mean(np.abs(x @ theta - y) / y)), len(y))
+            loco[k] = row
+        summary = {
+            s: float(np.mean([r[s].mape for r in loco.values()]))
+            for s in (*sources, "blis_default")
+            if loco
+        }
+        best = min(sources, key=lambda s: summary.get(s, math.inf)) if loco else "fleet"
+        self._result = FleetResult(
+            alpha=tuple(float(v) for v in alpha),
+            beta=tuple(float(v) for v in beta),
+            members=tuple(self.members),
+            weights=dict(self.weights),
+            loco=loco,
+            summary=summary,
+            best_source=best,
+            observations=float(sum(m.beta_n for m in self.members.values())),
+        )
+        return self._result
+
+    # ------------------------------------------------------------------ prediction
+
+    def predict(
+        self,
+        description: Mapping[str, Any],
+        source: str | None = None,
+        exclude: str | None = None,
+    ) -> Prediction:
+        """Coefficients for a described configuration from the other members (``exclude``
+        leaves one out). ``source`` forces a candidate; default: the best by LOCO."""
+        r = self.result()
+        key = exclude
+        if not self.members or (len(self.members) < 2 and source is None):
+            # nothing to generalise from: say so rather than pass one configuration off
+            src = "pooled_prior" if self.members and self.pool is not None else "blis_default"
+            beta = self.candidate_beta(src, description, exclude=key)
+            return Prediction(tuple(self._alpha0.tolist()), tuple(beta.tolist()), src, None)
+        src = source or r.best_source
+        beta = self.candidate_beta(src, description, exclude=key)
+        kern = self.kernel(description, exclude=key)
+        alpha = self.fit_alpha(kern if src != "fleet" else None)
+        # Expected error: the LOCO errors of the members most like the target (kernel
+        # weights), mean plus one standard deviation — an unseen configuration's own noise
+        # and idiosyncrasy are unknown, and the spread of its relatives' errors is the
+        # honest measure of that (bench fleet: actual/stated over held-out configurations).
+        errs = [(kern[k], row[src].mape) for k, row in r.loco.items() if k in kern and src in row]
+        expected = None
+        if errs:
+            w = np.array([e[0] for e in errs])
+            e = np.array([e[1] for e in errs])
+            mean = float(w @ e / w.sum())
+            expected = mean + math.sqrt(float(w @ (e - mean) ** 2 / w.sum()))
+        ranked = sorted(kern, key=lambda k: -kern[k])[:3]
+        return Prediction(
+            tuple(float(v) for v in alpha),
+            tuple(float(v) for v in beta),
+            src,
+            expected,
+            tuple(ranked),
+            {"loco_mean": r.summary.get(src), "members": len(self.members)},
+        )

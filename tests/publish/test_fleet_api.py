@@ -1,0 +1,265 @@
+"""``/v1/predict`` and ``coeffd pull`` for the fleet: real HTTP server, real store, real
+files, ``coeffd pull`` as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+import yaml as pyyaml
+from publish_support import BLIS_DEFAULTS, make_snapshot
+from publish_support import run_pull as _pull
+
+from daemon import api
+from daemon.fleet import FleetPublisher, fleet_snapshot
+from daemon.http.server import HttpServer
+from daemon.publish.blis import validate_defaults_yaml
+from daemon.publish.snapshot import SnapshotStore, validate_for_blis
+from learners.features import BLIS_DEFAULT_BETA, MODELS, BlisBasis, load_hardware
+from learners.features.catalog import model_config
+from learners.features.config import ServingConfig
+from learners.fleet import FLEET_ID, FleetModel, MemberStats
+from learners.registry import LearnerRegistry
+from learners.synthetic import synth_steps
+
+KNOWN = [
+    ServingConfig(model="llama-3.1-8b-instruct", gpu="H100", tp=1),
+    ServingConfig(model="llama-3.1-8b-instruct", gpu="A100-80", tp=2),
+    ServingConfig(model="mixtral-8x7b-v0.1", gpu="H100", tp=2),
+    ServingConfig(model="qwen3-30b-a3b", gpu="A100-80", tp=1),
+]
+UNSEEN = ServingConfig(model="mixtral-8x7b-v0.1", gpu="A100-80", tp=4)
+TRUE_BETA = np.array(BLIS_DEFAULT_BETA) * 0.8 + np.array([0, 0.3] + [0] * 6 + [0.5, 0, 0])
+
+
+def _member(cfg: ServingConfig, seed: int) -> MemberStats:
+    basis = BlisBasis(MODELS[cfg.model], load_hardware(cfg.gpu), cfg.tp)
+    s = synth_steps(basis, TRUE_BETA, 300, sigma=0.02, seed=seed)
+    w = 1.0 / s.y**2
+    return MemberStats(
+        key=cfg.id,
+        description=cfg.to_dict(),
+        beta_a=(s.x * w[:, None]).T @ s.x,
+        beta_b=s.x.T @ (w * s.y),
+        beta_n=300.0,
+        rows_x=s.x,
+        rows_y=s.y,
+    )
+
+
+@pytest.fixture
+def fleet_server(tmp_path: Path) -> Iterator[tuple[str, SnapshotStore, FleetModel]]:
+    store = SnapshotStore(tmp_path / "snaps")
+    for cfg in KNOWN:
+        store.publish(make_snapshot(cfg.id, 3))
+    model = FleetModel([_member(c, i) for i, c in enumerate(KNOWN)])
+    store.publish(fleet_snapshot(model.result(), 1))
+    pub = FleetPublisher(LearnerRegistry())
+    pub.model = model  # what refit() swaps in on the worker thread
+    server = HttpServer("127.0.0.1", 0, name="test-api")
+    api.mount(server.router, store, pub)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{server.port}", store, model
+    finally:
+        server.stop()
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _predict(url: str, **query: str) -> tuple[int, bytes]:
+    return _get(f"{url}/v1/predict?{urllib.parse.urlencode(query)}")
+
+
+def test_predict_known_configuration_is_its_own_snapshot(fleet_server) -> None:
+    url, store, _ = fleet_server
+    cfg = KNOWN[2]
+    status, body = _predict(url, model=cfg.model, gpu=cfg.gpu, tp=str(cfg.tp))
+    assert status == 200
+    answer = orjson.loads(body)
+    snap = store.latest(cfg.id)
+    assert snap is not None
+    assert answer["source"] == "configuration" and answer["configuration"]["id"] == cfg.id
+    assert tuple(answer["beta"]) == snap.beta and tuple(answer["alpha"]) == snap.alpha
+    assert answer["expected_error"] == pytest.approx(0.05) and answer["version"] == 3
+
+
+def test_predict_unseen_configuration_from_the_fleet(fleet_server) -> None:
+    url, _, model = fleet_server
+    status, body = _predict(
+        url, **{"coeffd.model": UNSEEN.model, "gpu": UNSEEN.gpu, "tp": str(UNSEEN.tp)}
+    )
+    assert status == 200
+    answer = orjson.loads(body)
+    assert answer["configuration"]["id"] == UNSEEN.id
+    assert answer["source"] == model.result().best_source
+    validate_for_blis(answer["alpha"], answer["beta"])
+    assert isinstance(answer["expected_error"], float) and answer["expected_error"] < 0.05
+    assert answer["version"] == 1 and set(answer["similar"]) <= {c.id for c in KNOWN}
+    # the same vectors in the BLIS formats
+    _, flags = _predict(url, model=UNSEEN.model, gpu=UNSEEN.gpu, tp="4", format="flags")
+    args = flags.decode().split()
+    assert [float(v) for v in args[3].split(",")] == answer["beta"]
+    _, yml = _predict(url, model=UNSEEN.model, gpu=UNSEEN.gpu, tp="4", format="yaml")
+    text = yml.decode()
+    assert text.startswith(f"# coeffd: {answer['source']} coefficients for mixtral-8x7b-v0.1")
+    assert "expected step-time error" in text.splitlines()[0]
+    block = pyyaml.safe_load(text)["trained_physics_coefficients"]
+    assert block["beta_coeffs"] == answer["beta"]
+
+
+@pytest.mark.parametrize(
+    ("query", "fragment"),
+    [
+        ({"model": "m", "gpu": "H100", "path": "/etc/passwd"}, "unknown key"),
+        ({"model": "m", "gpu": "H100", "tp": "four"}, "tp"),
+        ({"model": "m", "gpu": "H100", "tp": "0"}, "tp"),
+        ({"gpu": "H100"}, "model"),
+        ({"model": "x" * 300, "gpu": "H100"}, "too long"),
+        ({"model": "m\x00", "gpu": "H100"}, "printable"),
+        ({"model": "m", "gpu": "H100", "format": "xml"}, "format"),
+    ],
+)
+def test_predict_bad_queries_are_400(fleet_server, query, fragment) -> None:
+    url, _, _ = fleet_server
+    status, body = _predict(url, **query)
+    assert status == 400
+    assert fragment in orjson.loads(body)["error"]["message"]
+
+
+def test_predict_model_values_are_names_never_paths(fleet_server, tmp_path) -> None:
+    url, _, _ = fleet_server
+    # a config.json on the server's disk: the value is a name, so nothing reads it
+    (tmp_path / "config.json").write_text(json.dumps(model_config("llama-3.1-8b-instruct")))
+    status, body = _predict(url, model=str(tmp_path), gpu="H100", tp="1")
+    assert status == 200
+    answer = orjson.loads(body)
+    assert answer["source"] != "configuration"
+    assert answer["configuration"]["description"]["model"] == str(tmp_path)
+    assert answer["configuration"]["description"]["model_config_hash"] == ""
+
+
+# ------------------------------------------------------------------------------- pull
+
+
+def _defaults(tmp_path: Path) -> Path:
+    target = tmp_path / "defaults.yaml"
+    shutil.copyfile(BLIS_DEFAULTS, target)
+    return target
+
+
+def test_pull_defaults_on_a_fleet_writes_the_fleet_vector(fleet_server, tmp_path) -> None:
+    url, store, _ = fleet_server
+    target = _defaults(tmp_path)
+    proc = _pull("--server", url, "--defaults", str(target))
+    assert proc.returncode == 0, proc.stderr
+    fleet = store.latest(FLEET_ID)
+    assert fleet is not None
+    assert validate_defaults_yaml(target) == (list(fleet.alpha), list(fleet.beta))
+    for cfg in KNOWN:  # never one configuration's vector
+        assert list(store.latest(cfg.id).beta) != list(fleet.beta)  # type: ignore[union-attr]
+    lines = target.read_text().splitlines()
+    at = lines.index("trained_physics_coefficients:")
+    comment = lines[at - 1]
+    assert comment.startswith("# coeffd") and "fleet vector" in comment
+    assert f"over {len(KNOWN)} configurations" in comment
+    loco = fleet.loco["mean"]["fleet"].mape
+    assert loco is not None and f"step-time error {100 * loco:.1f} %" in comment
+    assert "leave-one-configuration-out" in comment and "T" in comment.split(", ")[-1]
+    assert "the fleet vector" in proc.stdout
+
+    # a second pull replaces our comment instead of stacking another
+    proc = _pull("--server", url, "--defaults", str(target))
+    assert proc.returncode == 0, proc.stderr
+    assert sum("fleet vector" in ln for ln in target.read_text().splitlines()) == 1
+
+    # --config names one: that configuration's vector, its own description
+    cfg = KNOWN[0]
+    proc = _pull("--server", url, "--config", cfg.id, "--defaults", str(target))
+    assert proc.returncode == 0, proc.stderr
+    snap = store.latest(cfg.id)
+    assert snap is not None
+    assert validate_defaults_yaml(target) == (list(snap.alpha), list(snap.beta))
+    text = target.read_text()
+    assert "fleet vector" not in text  # the comment follows the vector
+    assert f"# coeffd {snap.coeffd_version}: configuration {cfg.id} (" in text
+    assert text.startswith("# coeffd test fixture")  # others' comments stay
+
+
+def test_pull_defaults_several_configurations_without_fleet_refuses(tmp_path) -> None:
+    store = SnapshotStore(tmp_path / "snaps")
+    store.publish(make_snapshot("cfg-a", 1))
+    store.publish(make_snapshot("cfg-b", 1))
+    server = HttpServer("127.0.0.1", 0, name="test-api")
+    api.mount(server.router, store)
+    server.start()
+    try:
+        target = _defaults(tmp_path)
+        before = target.read_bytes()
+        proc = _pull("--server", f"http://127.0.0.1:{server.port}", "--defaults", str(target))
+        assert proc.returncode == 1 and "fleet" in proc.stderr
+        assert target.read_bytes() == before
+    finally:
+        server.stop()
+
+
+def test_pull_model_hardware_tp_writes_the_prediction(fleet_server, tmp_path) -> None:
+    url, _, _ = fleet_server
+    target = _defaults(tmp_path)
+    args = ["--server", url, "--model", UNSEEN.model, "--hardware", UNSEEN.gpu, "--tp", "4"]
+    proc = _pull(*args, "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    answer = orjson.loads(proc.stdout)
+    assert answer["configuration"]["id"] == UNSEEN.id and answer["source"] != "configuration"
+    assert "expected step-time error" in proc.stderr
+    proc = _pull(*args, "--defaults", str(target))
+    assert proc.returncode == 0, proc.stderr
+    assert validate_defaults_yaml(target) == (answer["alpha"], answer["beta"])
+    text = target.read_text()
+    assert f"# coeffd: {answer['source']} coefficients for mixtral-8x7b-v0.1/A100-80/4" in text
+    proc = _pull(*args)  # flags by default
+    assert proc.returncode == 0 and proc.stdout.startswith("--alpha-coeffs ")
+
+
+def test_pull_model_config_json_sends_name_and_hash(fleet_server, tmp_path) -> None:
+    url, _, _ = fleet_server
+    folder = tmp_path / "mixtral-8x7b-v0.1"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(model_config("mixtral-8x7b-v0.1")))
+    proc = _pull(
+        "--server", url, "--model", str(folder / "config.json"), "--hardware", "A100-80",
+        "--tp", "4", "--format", "json",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    desc = orjson.loads(proc.stdout)["configuration"]["description"]
+    assert desc["model_config_hash"] == MODELS["mixtral-8x7b-v0.1"].config_hash
+    assert "/" not in desc["model"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--model", "m"],  # no --hardware
+        ["--hardware", "H100"],  # no --model
+        ["--model", "m", "--hardware", "H100", "--config", "x"],
+        ["--model", "m", "--hardware", "H100", "--set", "novalue"],
+    ],
+)
+def test_pull_describe_usage_errors(args) -> None:
+    from daemon.commands import pull
+
+    assert pull.main(["--server", "http://127.0.0.1:9", *args]) == 2
