@@ -146,22 +146,41 @@ def _pct(x: float | None) -> str:
 
 
 def table(rs: list[dict[str, Any]]) -> str:
-    """The human-readable listing."""
+    """The human-readable listing: knobs every configuration shares are said once, below.
+
+    >>> print(table([
+    ...     {"id": "a1", "name": "m/H100/tp1", "version": 3, "observations": {"beta": 90},
+    ...      "step_mape_learned": 0.025, "step_mape_blis_default": 0.05,
+    ...      "knobs": {"max_num_seqs": "256", "max_num_batched_tokens": "512"}},
+    ...     {"id": "b2", "name": "m/A100-80/tp2", "version": 1, "observations": {},
+    ...      "step_mape_learned": None, "step_mape_blis_default": None,
+    ...      "knobs": {"max_num_seqs": "256"}},
+    ... ]))
+    id            configuration  version  step obs  step error: learned BLIS default  knobs
+    a1            m/H100/tp1           3        90                 2.5%         5.0%  max_num_batched_tokens=512
+    b2            m/A100-80/tp2        1         0                    -            -
+    all configurations: max_num_seqs=256
+    """
     if not rs:
         return "no configuration has published coefficients yet"
-    width = max(len(r["name"]) for r in rs)
+    shared = dict(rs[0]["knobs"]) if len(rs) > 1 else {}
+    for r in rs[1:]:
+        shared = {k: v for k, v in shared.items() if r["knobs"].get(k) == v}
+    width = max(len("configuration"), *(len(r["name"]) for r in rs))
     lines = [
         f"{'id':<12}  {'configuration':<{width}}  {'version':>7}  {'step obs':>8}  "
         f"{'step error: learned':>19} {'BLIS default':>12}  knobs"
     ]
     for r in rs:
-        knob_text = " ".join(f"{k}={v}" for k, v in r["knobs"].items())
+        knob_text = " ".join(f"{k}={v}" for k, v in r["knobs"].items() if k not in shared)
         lines.append(
             f"{r['id']:<12}  {r['name']:<{width}}  {r['version']:>7}  "
             f"{r['observations'].get('beta', r['observations'].get('step_period', 0)):>8}  "
             f"{_pct(r['step_mape_learned']):>19} {_pct(r['step_mape_blis_default']):>12}  "
             f"{knob_text}".rstrip()
         )
+    if shared:
+        lines.append("all configurations: " + " ".join(f"{k}={v}" for k, v in shared.items()))
     return "\n".join(lines)
 
 
@@ -176,6 +195,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"coeffd configurations: {exc}", file=sys.stderr)
         return exc.code
     rs = rows(snaps)
+    if not rs and args.snapshot_dir is None:
+        print("(nothing published yet: a configuration needs ~20 observations)", file=sys.stderr)
     if args.json:
         for r in rs:
             print(orjson.dumps(r).decode())

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import shutil
 import sys
 import threading
 import time
@@ -141,15 +143,32 @@ def _server_flag(app: App) -> str:
     return "" if app.http_port == 9464 else f" --server {url}"
 
 
+def command_name(argv0: str | None = None) -> str:
+    """How to call coeffd again from this shell: ``make run`` starts ``.venv/bin/coeffd``,
+    which is not on a fresh clone's PATH.
+
+    >>> command_name("/srv/coeffd/daemon/__main__.py"), command_name("coeffd")
+    ('coeffd', 'coeffd')
+    """
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    if os.path.basename(argv0) != "coeffd" or not os.path.dirname(argv0):
+        return "coeffd"
+    found = shutil.which("coeffd")
+    if found and os.path.realpath(found) == os.path.realpath(argv0):
+        return "coeffd"  # on PATH: the short name works
+    return argv0
+
+
 def where(app: App) -> str:
     """Where to look while the demo runs (printed under every live table)."""
     s = app.settings
     url = f"http://127.0.0.1:{app.http_port}"
     server = _server_flag(app)
+    coeffd = command_name()
     return (
         f"  metrics  {url}/metrics     API  {url}/v1/configurations\n"
-        f"  names    coeffd configurations{server}\n"
-        f"  BLIS     coeffd pull{server} --config <id> --format blis-args\n"
+        f"  names    {coeffd} configurations{server}\n"
+        f"  BLIS     {coeffd} pull{server} --config <id> --format blis-args\n"
         f"  files    {s.publish.snapshot_dir}/<id>/latest.json   state  {s.state.state_dir}/\n"
         f"Ctrl-C to stop (learner state is kept for the next run)\n"
     )

@@ -225,7 +225,10 @@ def _get(url: str, timeout: float) -> bytes:
         raise PullError(f"{url}: HTTP {exc.code}: {detail}") from exc
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise PullError(f"cannot reach coeffd at {url}: {reason}") from exc
+        hint = ""
+        if isinstance(reason, ConnectionRefusedError):
+            hint = " (is it running? make run / coeffd serve; or give --server URL)"
+        raise PullError(f"cannot reach coeffd at {url}: {reason}{hint}") from exc
 
 
 def server_url(raw: str) -> str:

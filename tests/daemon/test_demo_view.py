@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -77,3 +79,20 @@ def test_demo_keeps_urls_under_the_table_and_says_when_it_continues(tmp_path: Pa
     note = "continuing from the learner state of an earlier run"
     assert note in again.split("coeffd demo —")[0]
     assert all(note in view for view in again.split("coeffd demo —")[1:-1])
+
+
+def test_commands_under_the_table_name_the_venv_when_coeffd_is_not_on_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``make run`` starts ``.venv/bin/coeffd``; a fresh clone has no ``coeffd`` on PATH."""
+    from daemon.commands.demo import command_name
+
+    exe = tmp_path / ".venv" / "bin" / "coeffd"
+    exe.parent.mkdir(parents=True)
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert command_name(".venv/bin/coeffd") == ".venv/bin/coeffd"
+    monkeypatch.setenv("PATH", str(exe.parent))
+    assert command_name(".venv/bin/coeffd") == "coeffd"
