@@ -31,3 +31,23 @@ def test_help_is_plain_text_with_the_real_port(command: str) -> None:
     text = _help(command)
     assert "``" not in text and "(see docs)" not in text
     assert ":8080" not in text
+
+
+def test_readme_says_which_commands_take_config_and_set() -> None:
+    """The README's claim matches the parsers (it once said every command did)."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    said = re.search(r"\n((?:`\w+`,? (?:and )?)+)take `--config FILE` and `--set", readme)
+    assert said is not None
+    claimed = set(re.findall(r"`(\w+)`", said.group(1)))
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    # the settings file flag (pull's --config is a configuration id, its --set a knob)
+    takes = {
+        name
+        for name, p in sub.choices.items()  # type: ignore[attr-defined]
+        if any("--config" in a.option_strings and a.metavar == "FILE" for a in p._actions)
+    }
+    assert claimed == takes
