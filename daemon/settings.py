@@ -162,8 +162,8 @@ class OtlpHttpSettings(_Section):
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
     #: Connections served at once (one thread each); more are answered 503 and closed.
     max_connections: int = Field(default=64, ge=1, le=10_000)
-    #: Close a connection that sends nothing for this long (between requests or within
-    #: one): a silent client must not hold a thread forever.
+    #: Close a connection that sends nothing for this long, or whose request takes longer
+    #: than this to arrive whole: a silent or trickling client must not hold a thread.
     idle_timeout_seconds: float = Field(default=60.0, gt=0.0, le=86_400.0)
     tls: TlsSettings = Field(default_factory=TlsSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)

@@ -13,6 +13,7 @@ import contextlib
 import socket
 import ssl
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -130,6 +131,15 @@ class _Handler(BaseHTTPRequestHandler):
         with contextlib.suppress(OSError):
             self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
+    def handle_one_request(self) -> None:
+        # The idle timeout bounds each read; this bounds the whole request, so a client
+        # trickling a byte now and then cannot hold its thread (and a connection slot).
+        self.server.expect_request(self.connection)
+        try:
+            super().handle_one_request()
+        finally:
+            self.server.request_arrived(self.connection)
+
     def log_message(self, format: str, *args: Any) -> None:
         # Access logs would be one line per request; the metrics count requests instead.
         pass
@@ -148,6 +158,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(self._error(404, "not found"))
             return
         body = self._read_body()
+        self.server.request_arrived(self.connection)
         if body is None:
             return
         req = Request(
@@ -282,6 +293,7 @@ class _Server(ThreadingHTTPServer):
     error_response: Callable[[int, str, str], Response] | None = None
     _active = 0
     _active_lock = threading.Lock()
+    _deadlines: dict[Any, float]
 
     def process_request(self, request: Any, client_address: Any) -> None:
         # One thread per connection: past ``max_connections`` answer 503 at once and
@@ -295,6 +307,31 @@ class _Server(ThreadingHTTPServer):
                 self._turn_away(request, client_address)
                 return
         super().process_request(request, client_address)
+
+    def expect_request(self, conn: Any) -> None:
+        """``conn`` now waits for a request: it must have arrived within the timeout."""
+        if self.idle_timeout is not None:
+            with self._active_lock:
+                self._deadlines[conn] = time.monotonic() + self.idle_timeout
+
+    def request_arrived(self, conn: Any) -> None:
+        """The request on ``conn`` is read (or the connection is done)."""
+        with self._active_lock:
+            self._deadlines.pop(conn, None)
+
+    def service_actions(self) -> None:
+        # Called by serve_forever every poll interval: cut the connections whose request
+        # is overdue; their blocked read returns and the thread ends.
+        if not self._deadlines:
+            return
+        now = time.monotonic()
+        with self._active_lock:
+            overdue = [c for c, t in self._deadlines.items() if t < now]
+            for c in overdue:
+                del self._deadlines[c]
+        for c in overdue:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
@@ -366,7 +403,7 @@ class HttpServer:
         routing (oversize or malformed bodies, 503 past ``max_connections``), so receivers
         can count them; ``error_response(status, reason, request content type)`` shapes
         those answers (default: text). ``idle_timeout``: seconds a connection may stay
-        silent (None: forever).
+        silent, and that a request may take to arrive whole (None: forever).
         ``ssl_context``: serve HTTPS; ``gate``: token / client-certificate rule per path."""
         self.router = router or Router()
         self.name = name
@@ -379,6 +416,7 @@ class HttpServer:
         self._server.max_connections = max_connections
         self._server.idle_timeout = idle_timeout
         self._server._active_lock = threading.Lock()  # per server, not the class's
+        self._server._deadlines = {}
         self._server.gate = gate
         if ssl_context is not None:
             # Handshake deferred to the connection thread (_Server.finish_request).

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import socket
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -207,6 +208,33 @@ def test_idle_connection_is_closed() -> None:
         with _connect(a) as sock:  # stalls inside a request: closed too
             sock.sendall(b"POST /v1/traces HTTP/1.1\r\nContent-Length: 100\r\n\r\nabc")
             assert sock.recv(1) == b""
+
+
+def test_trickling_client_is_cut_off() -> None:
+    """Slowloris: a header byte every 50 ms keeps each read under the 0.5 s idle timeout;
+    the whole request may still not take longer than it."""
+    with (
+        App(_settings(idle_timeout_seconds=0.5), consumer=CountingConsumer()) as a,
+        _connect(a) as sock,
+    ):
+        sock.sendall(b"POST /v1/traces HTTP/1.1\r\nX-Slow: ")
+        closed = False
+        for _ in range(600):  # 30 s: a safety net, not a timing assertion
+            try:
+                sock.sendall(b"a")  # one header line that never ends
+                time.sleep(0.05)
+                sock.setblocking(False)
+                try:
+                    closed = sock.recv(1) == b""
+                except BlockingIOError:
+                    pass
+                finally:
+                    sock.setblocking(True)
+            except OSError:  # reset by the server
+                closed = True
+            if closed:
+                break
+        assert closed
 
 
 def test_connections_over_the_cap_get_503() -> None:
