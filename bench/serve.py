@@ -293,6 +293,8 @@ class DaemonProc:
         self.ports: dict[str, int] = {}
         #: The last log lines (bench soak reports them when the daemon dies).
         self.tail: collections.deque[str] = collections.deque(maxlen=200)
+        #: Warning and error log events: event -> [count, first line].
+        self.notable: dict[str, list[Any]] = {}
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.tail.append(line)
@@ -308,6 +310,10 @@ class DaemonProc:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.tail.append(line)
+            if '"level": "warning"' in line or '"level": "error"' in line or "Traceback" in line:
+                m = re.search(r'"event": "([^"]*)"', line)
+                seen = self.notable.setdefault(m.group(1) if m else line[:80], [0, line.strip()])
+                seen[0] += 1
 
     def last_lines(self, n: int) -> str:
         """The last ``n`` log lines, joined."""

@@ -149,11 +149,12 @@ class Soak:
         self.acked_events = 0
         self.pushbacks = 0
         self.health: list[tuple[float, float, int]] = []  # (t, seconds, status)
+        self.health_why: dict[int, str] = {}  # status -> the first answer's body
         self.ready_fail = collections.Counter[str]()
         self.oom = ""
         self.inflight = collections.Counter[str]()
         self.peak_mb = 0.0  # the highest RSS the sampler saw (VmHWM is gone with the process)
-        self.timeline: list[tuple[float, float, float, float, float]] = []
+        self.timeline: list[tuple[float, float, float, float, float, float]] = []
         self.t0 = time.monotonic()
         self.grpc = grpc.insecure_channel(
             f"127.0.0.1:{d.ports['otlp_grpc']}",
@@ -466,8 +467,10 @@ class Soak:
                     status = r.status
             except urllib.error.HTTPError as e:
                 status = e.code
-            except OSError:
+                self.health_why.setdefault(status, e.read().decode(errors="replace").strip())
+            except OSError as e:
                 status = 0
+                self.health_why.setdefault(status, str(e))
             self.health.append((t - self.t0, time.monotonic() - t, status))
             n += 1
             if n % 10 == 0:
@@ -501,9 +504,12 @@ class Soak:
             with contextlib.suppress(Exception):
                 obs = self.d.total("coeffd_learner_observations_total")
                 depth = self.d.total("coeffd_queue_depth")
+                kv = self.d.total("coeffd_kv_batches_total")
                 recent = [s for t, s, _ in self.health if t > time.monotonic() - self.t0 - 30]
                 p99 = sorted(recent)[int(0.99 * (len(recent) - 1))] if recent else float("nan")
-                self.timeline.append((time.monotonic() - self.t0, self.d.rss_mb(), obs, depth, p99))
+                self.timeline.append(
+                    (time.monotonic() - self.t0, self.d.rss_mb(), obs, depth, p99, kv)
+                )
 
     # ------------------------------------------------------------------- the run
     def run(self, duration: float) -> None:
@@ -690,15 +696,22 @@ def main(argv: list[str]) -> int:
         print(f"  {name:<55} {tally.sent:>6}  {answers}; slowest {tally.slowest_s:.2f} s")
     print(f"  {'second daemon on the same gRPC port':<55} {port_share}")
     print(f"  {'checkpoint with a valid checksum and a list inside':<55} {startup}")
-    print("\ntimeline (s, RSS MB, learner observations, queue depth, /healthz p99 over 30 s):")
-    for at, rss, n_obs, depth, window_p99 in soak.timeline[:: max(1, len(soak.timeline) // 20)]:
+    print(
+        "\ntimeline (s, RSS MB, learner observations, queue depth, /healthz p99 over 30 s, "
+        "KV batches):"
+    )
+    for at, rss, n_obs, depth, w_p99, kv in soak.timeline[:: max(1, len(soak.timeline) // 20)]:
         print(
-            f"  {at:6.0f}  {rss:7.0f}  {n_obs:>12,.0f}  {depth:>8,.0f}  {window_p99 * 1e3:7.1f} ms"
+            f"  {at:6.0f}  {rss:7.0f}  {n_obs:>12,.0f}  {depth:>8,.0f}  {w_p99 * 1e3:7.1f} ms"
+            f"  {kv:>8,.0f}"
         )
+    print("\ndaemon warnings and errors (count, first line):")
+    for event, (count, line) in sorted(d.notable.items(), key=lambda kv: -kv[1][0])[:25]:
+        print(f"  {count:>6}  {event}: {line[:240]}")
     lat = [s for _, s, _ in soak.health]
     bad = collections.Counter(st for _, _, st in soak.health if st != 200)
     p99 = _pct(lat, 0.99)
-    obs = [(t, o) for t, _, o, _, _ in soak.timeline if t > WINDOW_S + 10]
+    obs = [(t, o) for t, _, o, _, _, _ in soak.timeline if t > WINDOW_S + 10]
     thirds = [obs[len(obs) * i // 3 : len(obs) * (i + 1) // 3] for i in range(3)]
     rising = all(len(th) >= 2 and th[-1][1] > th[0][1] for th in thirds)
     lost = max(0.0, soak.acked_events - received) if alive else float("nan")
@@ -708,7 +721,8 @@ def main(argv: list[str]) -> int:
         f" (chart memory limit {RSS_LIMIT_MB:.0f} MB)"
         f"\n/healthz: {len(lat)} probes, p50 {_pct(lat, 0.5) * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, "
         f"max {max(lat, default=0) * 1e3:.0f} ms; non-200: {dict(bad) or 'none'}"
-        f"\n/readyz failures: {dict(soak.ready_fail) or 'none'}"
+        + "".join(f"\n  {st}: {why[:200]!r}" for st, why in soak.health_why.items())
+        + f"\n/readyz failures: {dict(soak.ready_fail) or 'none'}"
         f"\nlearning: observations {obs[0][1] if obs else 0:,.0f} → {obs[-1][1] if obs else 0:,.0f} "
         f"after the first window; rising in every third: {rising}"
         f"\nvalid traffic: {soak.acked_events:,} events acknowledged ({soak.pushbacks} push-backs, "
@@ -718,7 +732,11 @@ def main(argv: list[str]) -> int:
         f"\nSIGTERM: exit {code}; {drained_line or NO_STOP_LINE}"
     )  # fmt: skip
     verdicts = [
-        ("0 crashes", not crashes and alive and not bad.get(503) and not bad.get(500)),
+        (
+            "0 crashes (process up, pipeline worker never reported dead)",
+            not crashes and alive and "worker" not in soak.health_why.get(503, ""),
+        ),
+        ("/healthz answered 200 to every probe", not bad),
         (f"peak RSS within the chart's {RSS_LIMIT_MB:.0f} MB limit", hwm_mb <= RSS_LIMIT_MB),
         ("/healthz p99 < 100 ms", p99 < HEALTH_P99_TARGET_S),
         ("valid telemetry still learned (observations rise in every third)", rising),
