@@ -46,7 +46,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -512,7 +512,9 @@ class Soak:
                 )
 
     # ------------------------------------------------------------------- the run
-    def run(self, duration: float) -> None:
+    def run(self, duration: float, attack: bool = True) -> None:
+        """Valid traffic, prober and sampler for ``duration`` s; with ``attack``, the
+        attackers too."""
         attacks: list[tuple[Callable[[random.Random], None], float]] = [
             (self.a_grpc_garbage, 0.2),
             (self.a_http_garbage, 0.2),
@@ -528,6 +530,8 @@ class Soak:
             (self.a_idle, 90.0),
             (self.a_connect_burst, 30.0),
         ]
+        if not attack:
+            attacks = []
         threads = [
             threading.Thread(target=f, name=f.__name__, daemon=True)
             for f in (self.valid_sender, self.valid_kv, self.prober, self.sampler)
@@ -538,11 +542,12 @@ class Soak:
                     target=self._every, args=(fn, period, i), name=fn.__name__, daemon=True
                 )
             )
-        threads.append(
-            threading.Thread(
-                target=self._once, args=(self.a_amplification_x3, duration / 2), daemon=True
+        if attack:
+            threads.append(
+                threading.Thread(
+                    target=self._once, args=(self.a_amplification_x3, duration / 2), daemon=True
+                )
             )
-        )
         for t in threads:
             t.start()
         end = self.t0 + duration
@@ -612,6 +617,30 @@ def second_daemon(tmp: Path, grpc_port: int) -> str:
         return "STARTED on the same port (traffic would split silently)"
 
 
+def baseline(rec: Recording, tmp: Path, seconds: float, rate: float) -> tuple[Soak, float]:
+    """The same valid traffic (OTLP/gRPC + KV) on a fresh daemon without attacks, for the
+    ratios: the finished run and its peak RSS."""
+    tmp.mkdir(parents=True)
+    kv_port = free_port()
+    d = DaemonProc(
+        tmp, "--kv-endpoint", f"tcp://127.0.0.1:{kv_port}", "--set", "kv.bind=true", *FLAGS
+    )
+    soak = Soak(d, rec, kv_port, tmp, rate)
+    try:
+        soak.run(seconds, attack=False)
+        return soak, d.hwm_mb()
+    finally:
+        soak.close()
+        d.stop()
+        soak.zctx.term()
+
+
+def _rss_at(timeline: Sequence[tuple[float, ...]], at: float) -> float:
+    """RSS (MB) of the last sample at or before ``at`` seconds."""
+    before = [row[1] for row in timeline if row[0] <= at]
+    return before[-1] if before else float("nan")
+
+
 def _pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
@@ -621,12 +650,24 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m bench soak", description=__doc__)
     p.add_argument("--duration", type=float, default=600.0, help="seconds (default 600)")
     p.add_argument("--rate", type=float, default=5000.0, help="valid events/s (default 5,000)")
+    p.add_argument(
+        "--baseline",
+        type=float,
+        default=None,
+        help="seconds of the same valid traffic without attacks first (default: half of "
+        "--duration; 0 = none)",
+    )
     args = p.parse_args(argv)
+    base_s = args.duration / 2 if args.baseline is None else args.baseline
     _pin(0)
     print("recording the fleet scenario (simfleet, in memory)…", flush=True)
     rec = record("fleet", 20, 7, RATES)
     print(f"  {len(rec.requests)} export requests, {rec.total:,} events per round", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="coeffd-soak-"))
+    base: tuple[Soak, float] | None = None
+    if base_s > 0:
+        print(f"baseline: {base_s:.0f} s of the valid traffic alone, on its own daemon", flush=True)
+        base = baseline(rec, tmp / "baseline", base_s, args.rate)
     kv_port = free_port()
     extra = ("--kv-endpoint", f"tcp://127.0.0.1:{kv_port}", "--set", "kv.bind=true", *FLAGS)
     poisoned_checkpoint(tmp / "state")
@@ -715,10 +756,24 @@ def main(argv: list[str]) -> int:
     thirds = [obs[len(obs) * i // 3 : len(obs) * (i + 1) // 3] for i in range(3)]
     rising = all(len(th) >= 2 and th[-1][1] > th[0][1] for th in thirds)
     lost = max(0.0, soak.acked_events - received) if alive else float("nan")
+    versus = "no baseline run"
+    if base is not None:
+        b_soak, b_hwm = base
+        b_lat = [x for _, x, _ in b_soak.health]
+        b_at = b_soak.timeline[-1][0] if b_soak.timeline else 0.0
+        b_rss, a_rss = _rss_at(b_soak.timeline, b_at), _rss_at(soak.timeline, b_at)
+        versus = (
+            f"baseline (valid traffic alone, {base_s:.0f} s): peak RSS {b_hwm:.0f} MB, "
+            f"/healthz p99 {_pct(b_lat, 0.99) * 1e3:.1f} ms; under attack: peak "
+            f"{hwm_mb / b_hwm:.2f}× the baseline's, RSS at {b_at:.0f} s {a_rss:.0f} vs "
+            f"{b_rss:.0f} MB ({a_rss / b_rss:.2f}×), /healthz p99 "
+            f"{p99 / _pct(b_lat, 0.99):.2f}× the baseline's"
+        )
     print(
         f"\ncrashes: {len(crashes)}" + "".join(f"\n  {c}" for c in crashes)
         + f"\nRSS: idle {idle_mb:.0f} MB, peak (VmHWM) {hwm_mb:.0f} MB = {hwm_mb / idle_mb:.1f}× idle"
         f" (chart memory limit {RSS_LIMIT_MB:.0f} MB)"
+        f"\n{versus}"
         f"\n/healthz: {len(lat)} probes, p50 {_pct(lat, 0.5) * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, "
         f"max {max(lat, default=0) * 1e3:.0f} ms; non-200: {dict(bad) or 'none'}"
         + "".join(f"\n  {st}: {why[:200]!r}" for st, why in soak.health_why.items())
