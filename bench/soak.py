@@ -38,6 +38,7 @@ import argparse
 import collections
 import contextlib
 import gzip
+import itertools
 import os
 import random
 import shutil
@@ -758,7 +759,7 @@ def main(argv: list[str]) -> int:
     p99 = _pct(lat, 0.99)
     obs = [(t, o) for t, _, o, _, _, _ in soak.timeline if t > WINDOW_S + 10]
     # between every two samples (a scrape can fail while the API port is under attack)
-    rising = len(obs) >= 3 and all(b[1] > a[1] for a, b in zip(obs, obs[1:], strict=False))
+    rising = len(obs) >= 3 and all(b[1] > a[1] for a, b in itertools.pairwise(obs))
     lost = max(0.0, soak.acked_events - received) if alive else float("nan")
     versus = "no baseline run"
     if base is not None:
