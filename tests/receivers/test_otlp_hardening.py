@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import select
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -287,3 +289,46 @@ def test_wrong_path_and_method_answer_a_status_too(app: App) -> None:
             urllib.request.urlopen(req, timeout=30)
         assert ei.value.code == code
         assert json.loads(ei.value.read())["message"]
+
+
+def test_idle_grpc_connection_is_closed() -> None:
+    s = _settings()
+    s.receivers.otlp_grpc.idle_timeout_seconds = 0.3
+    with App(s, consumer=CountingConsumer()) as a:
+        seen: list[grpc.ChannelConnectivity] = []
+        idle_again = threading.Event()
+
+        def watch(state: grpc.ChannelConnectivity) -> None:
+            seen.append(state)
+            if state == grpc.ChannelConnectivity.IDLE and grpc.ChannelConnectivity.READY in seen:
+                idle_again.set()  # the server sent GOAWAY "connection idle"
+
+        with grpc.insecure_channel(f"127.0.0.1:{a.grpc_port}") as ch:
+            ch.subscribe(watch, try_to_connect=True)
+            assert idle_again.wait(30)  # safety net, not a timing assertion
+            ch.unsubscribe(watch)
+
+
+def test_listen_backlog_takes_a_burst_of_connects() -> None:
+    """60 connects while nothing accepts (the server not started): each completes in the
+    kernel's accept queue. With socketserver's default backlog of 5, the rest stalled in
+    SYN retries (9 of 60 connects took ~1 s in the attack run)."""
+    from daemon.http.server import HttpServer
+
+    server = HttpServer("127.0.0.1", 0)
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(60):
+            s = socket.socket()
+            s.settimeout(0.0)
+            s.connect_ex(("127.0.0.1", server.port))
+            socks.append(s)
+        deadline = time.monotonic() + 30  # a safety net (a dropped SYN waits 1 s+)
+        for s in socks:
+            # Writable = handshake done.
+            _, writable, _ = select.select([], [s], [], max(0.0, deadline - time.monotonic()))
+            assert writable and s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+    finally:
+        for s in socks:
+            s.close()
+        server.stop()
