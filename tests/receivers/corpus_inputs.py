@@ -122,6 +122,7 @@ TEST_LIMITS: dict[str, int] = {
     "max_span_items": 10_000,
     "max_items": 100_000,
     "max_resource_bytes": 8_192,
+    "max_json_objects": 50_000,
 }
 TEST_MAX_BYTES = 4 << 20
 
