@@ -3,14 +3,15 @@
 Why before: protobuf's cost is per *message*, not per byte. An empty ``ResourceSpans`` is
 2 bytes on the wire, ~60 bytes once parsed and ~1 µs in the decoder's loop; an empty
 ``Span`` ~170 bytes. So a 32 MB body of 16 M empty ``ResourceSpans`` cost ~34 s of CPU
-and 2 GB before it was answered 200, and a body of empty spans 2.7 GB in the parser
-alone. Counting after parsing is too late, so :func:`check_request` walks the encoded
+and 2 GB before it was answered 200 (issue 17; ``python -m bench dos`` measures 17 s and
+1.9 GB on the decode path alone), and a body of empty spans 3.6 GB. Counting after parsing is too late, so :func:`check_request` walks the encoded
 ``ExportTraceServiceRequest`` instead, and stops at the first bound exceeded:
 
 * ``ResourceSpans``, ``ScopeSpans`` and spans are counted exactly (one step per item:
   a real request has a few resources and some hundreds of spans);
 * each resource's encoded size is bounded: the decoder keeps one ``Source`` per distinct
-  resource, so its size is memory held for as long as the stream lives;
+  resource, so its size is memory held for as long as the stream lives; each scope's
+  too (its attributes would be parsed, and are never walked);
 * *items* inside spans (events, links, attributes, and the values nested in array or
   map attributes) are bounded per span and per request. A nested message costs at least
   2 bytes of its span, so a span of ``n`` bytes holds at most ``n // 2`` items: spans
@@ -33,7 +34,7 @@ from collections.abc import Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["LimitExceeded", "RequestLimits", "check_request"]
+__all__ = ["LimitExceeded", "RequestLimits", "check_json_body", "check_request"]
 
 
 class RequestLimits(BaseModel):
@@ -55,7 +56,8 @@ class RequestLimits(BaseModel):
     #: The same, summed over the request.
     max_items: int = Field(default=2_000_000, ge=1)
     #: Encoded size of one ``Resource`` (its attributes): each distinct one is kept as
-    #: the stream's identity for as long as the stream lives.
+    #: the stream's identity for as long as the stream lives. Bounds each
+    #: ``InstrumentationScope`` too (a name, a version, rarely attributes).
     max_resource_bytes: int = Field(default=65_536, ge=64)
     #: Objects (``{``) in an OTLP/JSON body, counted before it is parsed: protobuf's
     #: JSON parser costs ~4 µs an object (250,000: ~1 s of CPU, a 512-span batch ~90,000).
@@ -65,7 +67,8 @@ class RequestLimits(BaseModel):
 class LimitExceeded(ValueError):
     """A request exceeds a :class:`RequestLimits` bound; ``limit`` is its metric label
     (``resource_spans``, ``scope_spans``, ``spans``, ``span_items``, ``items``,
-    ``resource_bytes``, and the receivers' own ``message_bytes``, ``json_objects``)."""
+    ``resource_bytes``, ``scope_bytes``, ``json_objects``; the receivers add
+    ``message_bytes``, ``body_bytes`` and ``connections``)."""
 
     def __init__(self, limit: str, message: str) -> None:
         super().__init__(message)
@@ -135,7 +138,7 @@ def _fields(data: bytes, start: int, end: int) -> Iterator[tuple[int, int, int]]
 # Field numbers (opentelemetry/proto/{collector/trace,trace,common}/v1/*.proto).
 _REQ_RESOURCE_SPANS = 1
 _RS_RESOURCE, _RS_SCOPE_SPANS = 1, 2
-_SS_SPANS = 2
+_SS_SCOPE, _SS_SPANS = 1, 2
 _SPAN_ATTRIBUTES, _SPAN_EVENTS, _SPAN_LINKS = 9, 11, 13
 _EVENT_ATTRIBUTES = 3  # Span.Event.attributes
 _LINK_ATTRIBUTES = 5  # Span.Link.attributes
@@ -225,6 +228,11 @@ def _check(data: bytes, lim: RequestLimits) -> None:
                         spans.append((ss, se))
                         if len(spans) > lim.max_spans:
                             raise LimitExceeded("spans", f"more than {lim.max_spans} spans")
+                    elif sn == _SS_SCOPE and se - ss > lim.max_resource_bytes:
+                        raise LimitExceeded(
+                            "scope_bytes",
+                            f"a scope of {se - ss} bytes (more than {lim.max_resource_bytes})",
+                        )
     _check_items(data, spans, lim)
 
 

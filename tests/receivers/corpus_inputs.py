@@ -82,6 +82,11 @@ def big_resource(attr_bytes: int) -> bytes:
     return field(1, field(1, field(1, kv)))
 
 
+def big_scope(attributes: int) -> bytes:
+    """One ScopeSpans whose scope carries ``attributes`` empty attributes (2 bytes each)."""
+    return field(1, field(2, field(1, field(3, b"") * attributes)))
+
+
 def nested_any_value(depth: int) -> bytes:
     """A span attribute whose AnyValue nests ``depth`` array values."""
     value = b""
@@ -141,6 +146,7 @@ OTLP: dict[str, tuple[Callable[[], bytes], str, str, int, str]] = {
     "pb-empty-spans-20k": (lambda: empty_spans(20_000), PB, "", 413, "INVALID_ARGUMENT"),
     "pb-empty-events-20k": (lambda: empty_events(20_000), PB, "", 413, "INVALID_ARGUMENT"),
     "pb-resource-attribute-16k": (lambda: big_resource(16_384), PB, "", 413, "INVALID_ARGUMENT"),
+    "pb-scope-attributes-10k": (lambda: big_scope(10_000), PB, "", 413, "INVALID_ARGUMENT"),
     "pb-any-value-nested-200": (lambda: nested_any_value(200), PB, "", 400, "INVALID_ARGUMENT"),
     "pb-body-over-limit": (
         lambda: empty_spans(1) + b"\x1a\x00" * (TEST_MAX_BYTES // 2),
