@@ -30,6 +30,7 @@ from learners.evaluation import WindowedRefit
 from learners.features import BLIS_DEFAULT_BETA, TERM_NAMES, BlisBasis, load_hardware, load_model
 from learners.prior import PooledPrior, prior_precision
 from learners.rls import RLSRegressor
+from learners.steady import SteadyEstimator
 from learners.synthetic import TRUE_BETA, SyntheticSteps, synth_steps
 
 FloatArray = npt.NDArray[np.float64]
@@ -72,13 +73,39 @@ def make_learner(
     )
 
 
-def prequential(m: RLSRegressor, s: SyntheticSteps) -> FloatArray:
+def make_published(cfg: LearnersConfig, drift: bool = True) -> RLSRegressor | SteadyEstimator:
+    """The β estimator the daemon publishes: with ``cfg.steady`` the fast tracker plus the
+    long-memory learner (:mod:`learners.steady`), as ``LearnerSet`` builds it."""
+    fast = make_learner(cfg, drift=drift)
+    if not cfg.steady:
+        return fast
+    slow = make_learner(cfg.model_copy(update={"forgetting": cfg.steady_forgetting}), drift=drift)
+    d = cfg.drift
+    return SteadyEstimator(
+        fast, slow, keep=d.keep, fast_forgetting=d.fast_forgetting, fast_for=d.fast_for
+    )
+
+
+def prequential(m: RLSRegressor | SteadyEstimator, s: SyntheticSteps) -> FloatArray:
     """Predictions of the published (non-negative) vector, each made before learning its row."""
     pred = np.empty(len(s.y))
+    if isinstance(m, SteadyEstimator):
+        for i in range(len(s.y)):
+            pred[i] = m.learn_one_scored(s.x[i], float(s.y[i]))
+        return pred
     for i in range(len(s.y)):
         pred[i] = s.x[i] @ m.nonnegative_coef()
         m.learn_many(s.x[i : i + 1], s.y[i : i + 1])
     return pred
+
+
+def _fast(m: RLSRegressor | SteadyEstimator) -> RLSRegressor:
+    """The learner that carries the drift detector (the fast tracker)."""
+    return m.fast if isinstance(m, SteadyEstimator) else m
+
+
+def _published(m: RLSRegressor | SteadyEstimator) -> RLSRegressor:
+    return m.published if isinstance(m, SteadyEstimator) else m
 
 
 def refit_predictions(s: SyntheticSteps, window: int, every: int) -> FloatArray:
@@ -120,7 +147,7 @@ def steady(cfg: LearnersConfig, seeds: int, n: int, sigma: float) -> list[Check]
     rel_err_ident: list[float] = []
     for seed in range(seeds):
         s = synth_steps(basis, TRUE_BETA, n, seed=seed, sigma=sigma)
-        m = make_learner(cfg)
+        m = make_published(cfg)
         t0 = time.perf_counter()
         p = prequential(m, s)
         dt = time.perf_counter() - t0
@@ -133,8 +160,8 @@ def steady(cfg: LearnersConfig, seeds: int, n: int, sigma: float) -> list[Check]
         }
         best = min(refits, key=lambda k: refits[k])
         first50 = ape(s.y, p)[50:100].mean() / ape(s.y, s.mean)[50:100].mean()
-        ident = m.identified(cfg.identify_threshold, max_rel_std=0.025)
-        coef = m.nonnegative_coef()
+        ident = _published(m).identified(cfg.identify_threshold, max_rel_std=0.025)
+        coef = _published(m).nonnegative_coef()
         rel = np.abs(coef / np.asarray(TRUE_BETA) - 1)
         rel_err_ident.extend(rel[ident].tolist())
         rows.append((learned, default, refits[best], best, first50))
@@ -231,14 +258,17 @@ def drift(cfg: LearnersConfig, seeds: int, n: int, sigma: float) -> list[Check]:
     ratio_raw: dict[str, list[float]] = {}
     ratio_excess: dict[str, list[float]] = {}
     false_alarms = 0
+    false_switches = 0  # published estimate switched to tracking on a stationary stream
     for seed in range(seeds):
         stationary = synth_steps(_basis(), TRUE_BETA, n, seed=seed + 300, sigma=sigma)
-        m0 = make_learner(cfg)
+        m0 = make_published(cfg)
         prequential(m0, stationary)
-        assert m0.drift is not None
-        false_alarms += m0.drift.detections
+        assert _fast(m0).drift is not None
+        false_alarms += _fast(m0).drift.detections  # type: ignore[union-attr]
+        if isinstance(m0, SteadyEstimator):
+            false_switches += m0.switches
         for name, s in _drift_streams(n, sigma, seed).items():
-            m = make_learner(cfg)
+            m = make_published(cfg)
             p = prequential(m, s)
             sl = slice(200, n)
             e_true = ape(s.y, s.mean)
@@ -265,7 +295,8 @@ def drift(cfg: LearnersConfig, seeds: int, n: int, sigma: float) -> list[Check]:
                         k_rec = k
                         break
                 recov.append(k_rec if k_rec >= 0 else n)
-                hist = [h["n"] - c for h in m.drift.history] if m.drift else []
+                mon = _fast(m).drift
+                hist = [h["n"] - c for h in mon.history] if mon else []
                 extra = f" recovery to ≤1.10×floor (200-row window) after {k_rec} obs; alarms at change+{hist}"
             print(
                 f"  seed {seed} {name:8s}: MAPE learned {e_l[sl].mean():.4f}  best refit {refit[best][sl].mean():.4f} "
@@ -274,6 +305,12 @@ def drift(cfg: LearnersConfig, seeds: int, n: int, sigma: float) -> list[Check]:
             )
     checks = [
         Check("false drift alarms on stationary streams", false_alarms, "0", false_alarms == 0),
+        Check(
+            "published estimate left steady on stationary streams",
+            false_switches,
+            "0",
+            false_switches == 0,
+        ),
         Check(
             "abrupt drift: obs to ≤ 1.10× floor (worst seed)",
             max(recov),

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
@@ -42,6 +43,7 @@ from daemon.shedding import LoadShedder
 from daemon.writer import Writer
 from learners.features.config import ENGINE_ATTRIBUTE, ServingConfig, ServingConfigError
 from learners.registry import ALPHA_TARGETS, ConfigSnapshot, LearnerRegistry, Scored
+from learners.steady import TERM_HINTS
 from receivers.joiner import Joiner
 from receivers.observations import (
     KVTransferObservation,
@@ -330,6 +332,7 @@ def to_snapshot(cs: ConfigSnapshot, version: int, description: dict[str, Any]) -
         for e in vec.drift_history
     )
     unidentified = tuple(f"beta.{n}" for n in (v["beta"].unidentified if "beta" in v else ()))
+    sources = v["beta"].sources if "beta" in v else {}
     return Snapshot(
         configuration=ConfigurationRef(id=cs.config_id, labels=cs.labels, description=description),
         version=version,
@@ -343,6 +346,9 @@ def to_snapshot(cs: ConfigSnapshot, version: int, description: dict[str, Any]) -
         prequential=prequential,
         drift=drift,
         unidentified=unidentified,
+        estimate=v["beta"].estimate if "beta" in v else "",
+        identification=dict(sources),
+        identify_with={n: TERM_HINTS[n] for n, src in sources.items() if src != "data"},
     )
 
 
@@ -754,7 +760,9 @@ class LearningConsumer:
         if previous is None and cid not in self._next_version:
             previous = self.store.latest(cid)  # after a restart: what is on disk
         now_ns = int(now * 1e9)
-        ok, reason = self.policy.decide(previous, cs.alpha, cs.beta, now_ns, cs.observations)
+        ok, reason = self.policy.decide(
+            previous, cs.alpha, cs.beta, now_ns, cs.observations, cs.recent_terms
+        )
         if reason == "invalid":
             # The registry only hands out valid vectors; refusing here is the last guard.
             self.metrics.publish_refused.labels(cid).inc()
@@ -772,6 +780,9 @@ class LearningConsumer:
         version = self._next_version.get(cid) or self.store.next_version(cid)
         self._next_version[cid] = version + 1
         snap = to_snapshot(cs, version, description)
+        if previous is not None and reason in ("interval", "unchanged"):
+            # a heartbeat: fresh provenance, the numbers users already have
+            snap = msgspec.structs.replace(snap, alpha=previous.alpha, beta=previous.beta)
         self._last[cid] = snap
         with self._unwritten_lock:
             self._unwritten.setdefault(cid, []).append(

@@ -305,8 +305,12 @@ class PublishSettings(_Section):
     retention: int = Field(default=50, ge=1, le=100_000)
     #: Publish at most this often per configuration while its coefficients move...
     interval_seconds: float = Field(default=1.0, gt=0.0, le=86_400.0)
-    #: ...or at once when a coefficient moved by more than this fraction.
+    #: ...or at once when an α moved by more than this fraction.
     relative_threshold: float = Field(default=0.02, gt=0.0, le=10.0)
+    #: A new β is published only when it moves the predicted step time of the
+    #: configuration's recent batches by more than this fraction on average; otherwise
+    #: the interval's heartbeat republishes the previous numbers.
+    step_time_threshold: float = Field(default=0.005, gt=0.0, le=10.0)
     #: No snapshot before a configuration has learned this many observations.
     min_observations: int = Field(default=20, ge=0)
 

@@ -45,6 +45,7 @@ from learners.features.extended import EXTENDED_NAMES, extended_terms
 from learners.features.observe import kv_bytes_per_block, step_features
 from learners.prior import PooledPrior, prior_precision
 from learners.rls import RLSRegressor
+from learners.steady import STEADY, SteadyEstimator, identified_fit, term_sources
 from receivers.observations import (
     KVTransferObservation,
     Observation,
@@ -70,6 +71,9 @@ QUEUE_FEATURES: tuple[str, ...] = ("one", "waiting_depth", "running_depth", "kv_
 KV_FEATURES: tuple[str, ...] = ("one", "bytes")
 BETA_EXTENDED_FEATURES: tuple[str, ...] = tuple(TERM_NAMES) + tuple(EXTENDED_NAMES)
 _ONE = ("one",)
+#: Step feature rows kept per configuration: the "recent batch mix" the publisher judges
+#: a new β on (how much would it change the predicted step times of these batches).
+RECENT_ROWS = 256
 _NO_DRIFT = frozenset({"kv_store", "kv_load", "queue_wait"})
 
 
@@ -102,6 +106,11 @@ class VectorSnapshot:
     rmse: float
     drift_detections: int
     drift_history: tuple[dict[str, Any], ...]
+    #: ``steady`` (long-memory estimate) or ``tracking`` (fast, the physics is changing);
+    #: "" for vectors without the two (every one but ``beta``)
+    estimate: str = ""
+    #: per term: ``data``, ``data+prior`` (only a combination identified) or ``prior``
+    sources: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -125,9 +134,14 @@ class ConfigSnapshot:
     updated_wall_ns: int
     prior_sources: tuple[str, ...]
     errors: dict[str, Any] = field(default_factory=dict)
+    #: the last step feature rows learned (≤ ``RECENT_ROWS`` × 11), or None
+    recent_terms: FloatArray | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if self.recent_terms is not None:
+            d["recent_terms"] = self.recent_terms.tolist()
+        return d
 
 
 class LearnerSet:
@@ -151,6 +165,10 @@ class LearnerSet:
         self.alpha_prior = np.asarray(alpha_prior, dtype=float)
         self.prior_sources = prior_sources
         self.learners: dict[str, RLSRegressor] = {}
+        self._steady: SteadyEstimator | None = None
+        self._steady_state: dict[str, Any] = {}  # restored before the learners exist
+        self._recent = np.zeros((RECENT_ROWS, len(TERM_NAMES)))
+        self._recent_n = 0
         ev = settings.evaluation
         self.baseline = WindowedRefit(
             ev.baseline_window, ev.baseline_refit_every, len(TERM_NAMES), initial=BLIS_DEFAULT_BETA
@@ -196,10 +214,12 @@ class LearnerSet:
             # and queue waits swing with bursty arrivals far beyond a linear model.
             "drift": None if target in _NO_DRIFT else self._drift(target),
         }
-        if target == "beta":
+        if target in ("beta", "beta_steady"):
+            # the fast tracker and the long-memory learner (learners.steady), each with a
+            # detector of its own
             return RLSRegressor(
                 TERM_NAMES,
-                forgetting=s.forgetting,
+                forgetting=s.forgetting if target == "beta" else s.steady_forgetting,
                 prior_mean=self.beta_prior.tolist(),
                 prior_precision=self.beta_precision,
                 weighting=s.weighting,
@@ -252,6 +272,35 @@ class LearnerSet:
                 **common,
             )
         raise KeyError(target)
+
+    def steady(self) -> SteadyEstimator:
+        """The published β estimator: fast tracker ``beta`` + long-memory ``beta_steady``."""
+        if self._steady is None:
+            d = self.settings.drift
+            self._steady = SteadyEstimator(
+                self.learner("beta"),
+                self.learner("beta_steady"),
+                keep=d.keep,
+                fast_forgetting=d.fast_forgetting,
+                fast_for=d.fast_for,
+            )
+            if self._steady_state:
+                self._steady.load_state(self._steady_state)
+        return self._steady
+
+    def recent_terms(self) -> FloatArray | None:
+        """The step feature rows learned last (a copy), None before any."""
+        n = min(self._recent_n, RECENT_ROWS)
+        return self._recent[:n].copy() if n else None
+
+    def _remember(self, x: FloatArray) -> None:
+        k = len(x)
+        if k >= RECENT_ROWS:
+            self._recent[:] = x[-RECENT_ROWS:]
+        else:
+            idx = (self._recent_n + np.arange(k)) % RECENT_ROWS
+            self._recent[idx] = x
+        self._recent_n += k
 
     # -------------------------------------------------------------- learning
 
@@ -326,7 +375,11 @@ class LearnerSet:
         y_all = np.array(ys)
         if beta.drift is not None:
             beta.drift.clock_ns = steps[-1].start_mono_ns
-        learned = beta.learn_many_prequential(x_all, y_all)
+        if self.settings.steady:
+            learned = self.steady().learn_many_prequential(x_all, y_all)
+        else:
+            learned = beta.learn_many_prequential(x_all, y_all)
+        self._remember(x_all)
         default = x_all @ np.asarray(BLIS_DEFAULT_BETA)
         extended = np.full(len(ys), np.nan)
         ok = [i for i, xe in enumerate(xes) if xe is not None]
@@ -424,11 +477,32 @@ class LearnerSet:
         m = self.learners.get(name)
         if m is None:
             return None
-        blis = name == "beta" or name in ALPHA_TARGETS or name in ("kv_store", "kv_load")
+        estimate = ""
+        sources: dict[str, str] = {}
+        if name == "beta" and self.settings.steady and "beta_steady" in self.learners:
+            # the published β: the long-memory learner in steady state, identified
+            # directions from its data and the rest from the (pooled) prior
+            est = self.steady()
+            estimate = est.mode
+            slow = est.slow
+            fit, share = identified_fit(slow, self.settings.identify_max_rel_std)
+            a_data, _ = slow.data_information()
+            sources = term_sources(m.features, share, np.diag(a_data) > 0)
+            if estimate == STEADY:
+                m = slow
+        blis = (
+            name in ("beta", "beta_steady")
+            or name in ALPHA_TARGETS
+            or name in ("kv_store", "kv_load")
+        )
         prior = np.asarray(m.prior_mean if m.prior_mean is not None else np.zeros(len(m.features)))
         raw = m.coef
         values = m.nonnegative_coef() if blis else raw
         ident = m.identified(threshold)
+        if estimate:
+            if estimate == STEADY and self.settings.identify_pin:
+                values = fit
+            ident = np.array([sources[f] == "data" for f in m.features])
         # Terms the data cannot identify already sit at their prior value in the fit (the
         # prior is never forgotten, and an unexcited coefficient is decoupled from the data);
         # they are not overwritten here, so the published vector is exactly the one scored.
@@ -442,7 +516,7 @@ class LearnerSet:
             s = evaluator.summary(self.config.id, target).get(source, {}).get("all")
             if s:
                 mape, rmse = s["mape"], s["rmse"]
-        drift = m.drift
+        drift = self.learners[name].drift  # the fast tracker's, for the published β too
         return VectorSnapshot(
             name=name,
             names=tuple(m.features),
@@ -459,6 +533,8 @@ class LearnerSet:
             rmse=rmse,
             drift_detections=0 if drift is None else drift.detections,
             drift_history=() if drift is None else tuple(dict(e) for e in drift.history),
+            estimate=estimate,
+            sources=sources,
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -474,6 +550,7 @@ class LearnerSet:
             "observations": self.observations,
             "created_wall_ns": self.created_wall_ns,
             "updated_wall_ns": self.updated_wall_ns,
+            "steady": {} if self._steady is None else self._steady.state_dict(),
         }
 
 
@@ -633,6 +710,7 @@ class LearnerRegistry:
             updated_wall_ns=ls.updated_wall_ns,
             prior_sources=ls.prior_sources,
             errors=errors,
+            recent_terms=ls.recent_terms(),
         )
 
     # -------------------------------------------------------------- bounds / checkpoints
@@ -706,4 +784,5 @@ class LearnerRegistry:
         ls.observations = int(state["observations"])
         ls.created_wall_ns = int(state["created_wall_ns"])
         ls.updated_wall_ns = int(state["updated_wall_ns"])
+        ls._steady_state = dict(state.get("steady") or {})
         return ls

@@ -88,6 +88,7 @@ def build_consumer(
             settings.publish.interval_seconds,
             settings.publish.relative_threshold,
             settings.publish.min_observations,
+            settings.publish.step_time_threshold,
         ),
         checkpoint_interval_s=settings.state.checkpoint_interval_seconds,
         live=live,

@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
+import numpy.typing as npt
 import structlog
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -146,6 +148,14 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     #: Fleet snapshot only (``learners.fleet``): leave-one-configuration-out step-time
     #: error, configuration id (or ``mean``) -> source (``fleet``, ``blis_default``, …).
     loco: dict[str, dict[str, ErrorStats]] = msgspec.field(default_factory=dict)
+    #: ``steady`` (long-memory estimate) or ``tracking`` (fast: the physics is changing)
+    estimate: str = ""
+    #: per β term: ``data`` (this configuration's own data identify it), ``data+prior``
+    #: (only its combination with other terms is identified; the split is the pooled
+    #: prior's) or ``prior``
+    identification: dict[str, str] = msgspec.field(default_factory=dict)
+    #: for every term not from ``data``: the batches or configurations that would identify it
+    identify_with: dict[str, str] = msgspec.field(default_factory=dict)
 
     @property
     def config_id(self) -> str:
@@ -412,13 +422,42 @@ def max_relative_change(old: Iterable[float], new: Iterable[float], floor: float
     return worst
 
 
-class PublishPolicy:
-    """Decide when a new snapshot is worth publishing.
+def step_time_change(
+    old: Sequence[float], new: Sequence[float], batches: npt.NDArray[np.float64]
+) -> float:
+    """Mean ``|x·new − x·old| / x·old`` over the rows ``x`` of ``batches`` (BLIS basis
+    terms of recent steps): how much a new β would move the predicted step times of the
+    batches this configuration really runs. A term that no batch excites moves nothing.
 
-    Publish when the vector is valid and either nothing was published yet, ``interval_s``
-    has passed since the last publication (a heartbeat: consumers see fresh provenance
-    even when the numbers are stable), or some coefficient moved by more than
-    ``relative_threshold`` (don't make BLIS users wait a full interval for a real change).
+    >>> import numpy as np
+    >>> x = np.array([[1.0, 0.0], [1.0, 1.0]])
+    >>> round(step_time_change([10.0, 5.0], [10.0, 5.5], x), 4)  # only the second row moves
+    0.0167
+    >>> step_time_change([10.0, 5.0], [10.0, 5.0, 1.0], x)
+    inf
+    """
+    a = np.asarray(old, dtype=float)
+    b = np.asarray(new, dtype=float)
+    if a.shape != b.shape or batches.ndim != 2 or batches.shape[1] != len(a):
+        return math.inf
+    p_old = batches @ a
+    ok = p_old > 0
+    if not ok.any():
+        return max_relative_change(a, b)
+    return float(np.mean(np.abs(batches[ok] @ b - p_old[ok]) / p_old[ok]))
+
+
+class PublishPolicy:
+    """Decide when a new snapshot is worth publishing, and with which numbers.
+
+    New coefficients are published when the vector is valid and nothing was published
+    yet, or when they change what BLIS would predict: β moves the predicted step time of
+    the configuration's recent batches (``recent``) by more than ``step_time_threshold``
+    on average (without recent batches: any β by more than ``relative_threshold``), or
+    an α moved by more than ``relative_threshold``. Otherwise, once ``interval_s`` has
+    passed, a heartbeat version carries the *previous* numbers with fresh provenance
+    (reason ``interval``), so users see that the estimate was confirmed, not that it
+    wobbled (issue 15: consecutive versions of a steady engine moved E2E by 4–8 %).
     """
 
     def __init__(
@@ -426,10 +465,12 @@ class PublishPolicy:
         interval_s: float = 60.0,
         relative_threshold: float = 0.05,
         min_observations: int = 0,
+        step_time_threshold: float = 0.005,
     ) -> None:
         self.interval_s = interval_s
         self.relative_threshold = relative_threshold
         self.min_observations = min_observations
+        self.step_time_threshold = step_time_threshold
 
     def decide(
         self,
@@ -438,9 +479,11 @@ class PublishPolicy:
         beta: Sequence[float],
         now_wall_ns: int,
         observations: int = 0,
+        recent: npt.NDArray[np.float64] | None = None,
     ) -> tuple[bool, str]:
         """Return ``(publish, reason)``; reason is one of ``invalid``, ``too_few_observations``,
-        ``first``, ``interval``, ``significant_change``, ``unchanged``."""
+        ``first``, ``significant_change`` (publish these numbers), ``interval`` (publish
+        the previous numbers again), ``unchanged``."""
         try:
             validate_for_blis(alpha, beta)
         except InvalidCoefficientsError:
@@ -449,11 +492,12 @@ class PublishPolicy:
             return False, "too_few_observations"
         if previous is None:
             return True, "first"
+        if recent is not None and len(recent):
+            beta_moved = step_time_change(previous.beta, beta, recent) > self.step_time_threshold
+        else:
+            beta_moved = max_relative_change(previous.beta, beta) > self.relative_threshold
+        if beta_moved or max_relative_change(previous.alpha, alpha) > self.relative_threshold:
+            return True, "significant_change"
         if now_wall_ns - previous.wall_ns >= self.interval_s * 1e9:
             return True, "interval"
-        change = max(
-            max_relative_change(previous.alpha, alpha), max_relative_change(previous.beta, beta)
-        )
-        if change > self.relative_threshold:
-            return True, "significant_change"
         return False, "unchanged"

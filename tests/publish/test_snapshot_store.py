@@ -18,6 +18,7 @@ from daemon.publish.snapshot import (
     SnapshotStore,
     StaleVersionError,
     decode_snapshot,
+    step_time_change,
     validate_for_blis,
 )
 
@@ -182,3 +183,34 @@ def test_publish_policy() -> None:
     assert policy.decide(prev, prev.alpha, moved, now, 100) == (True, "significant_change")
     moved[0] = math.nan
     assert policy.decide(prev, prev.alpha, moved, now + 60 * 10**9, 100) == (False, "invalid")
+
+
+def test_publish_policy_judges_beta_by_the_step_times_of_recent_batches() -> None:
+    import numpy as np
+
+    policy = PublishPolicy(interval_s=60, relative_threshold=0.05, step_time_threshold=0.005)
+    prev = make_snapshot("cfg", 1)
+    now = prev.wall_ns + 1_000_000_000
+    base = np.asarray(prev.beta)
+    # recent batches excite terms 0 and 9 only, and share the step between them
+    recent = np.zeros((4, 11))
+    recent[:, 0] = [1000.0, 2000.0, 500.0, 0.0]
+    recent[:, 9] = [2000.0, 1000.0, 1500.0, 3000.0]
+    moved = base.copy()
+    moved[4] *= 1.5  # a term no recent batch excites: nothing BLIS predicts here moves
+    assert policy.decide(prev, prev.alpha, moved, now, 0, recent) == (False, "unchanged")
+    assert policy.decide(prev, prev.alpha, moved, now + 60 * 10**9, 0, recent) == (
+        True,
+        "interval",
+    )
+    small = base.copy()
+    small[9] *= 1.004  # < 0.5 % on every batch
+    assert step_time_change(base, small, recent) < 0.004
+    assert policy.decide(prev, prev.alpha, small, now, 0, recent) == (False, "unchanged")
+    big = base.copy()
+    big[9] *= 1.02  # 0.5–2 % depending on the batch: over the threshold on average
+    assert 0.005 < step_time_change(base, big, recent) <= 0.02
+    assert policy.decide(prev, prev.alpha, big, now, 0, recent) == (True, "significant_change")
+    # α still judged coefficient by coefficient
+    alpha = [a * 1.1 for a in prev.alpha]
+    assert policy.decide(prev, alpha, base, now, 0, recent) == (True, "significant_change")
