@@ -232,3 +232,15 @@ def test_memory_limit_holds_the_receivers_bounds(mode: str) -> None:
     # and the limit is not padded far beyond it (the scheduler reserves nodes by requests,
     # but an OOM kill only comes at the limit: a loose limit hides leaks)
     assert _mib(limit) < 1.5 * need
+
+
+def test_sidecar_refuses_tls_on_the_receiver_vllm_uses(tmp_path: Path) -> None:
+    chart = wrapper_chart(tmp_path)
+    tls = {"tls": {"secretName": "t"}}  # default listeners: both receivers and http
+    with pytest.raises(Exception, match=r"security\.tls covers otlp_grpc"):
+        render(chart, {"coeffd": {**SIDECAR_VALUES, "security": tls}})
+    api_only = {"tls": {"secretName": "t", "listeners": ["http"]}}
+    docs = manifests(render(chart, {"coeffd": {**SIDECAR_VALUES, "security": api_only}}))
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    (coeffd,) = [c for c in pod["containers"] if c["name"] == "coeffd"]
+    assert coeffd["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"

@@ -205,6 +205,11 @@ also be routed through a collector to a fleet.
 {{- end -}}
 - name: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL
   value: {{ $t.otlpProtocol | quote }}
+{{- $tlsv := (.values.security | default dict).tls | default dict -}}
+{{- $used := ternary "otlp_http" "otlp_grpc" (eq $t.otlpProtocol "http/protobuf") -}}
+{{- if and $tlsv.secretName (has $used $tlsv.listeners) -}}
+{{- fail (printf "coeffd: security.tls covers %s, which vLLM exports to over localhost in plaintext (OTEL_EXPORTER_OTLP_TRACES_INSECURE); in sidecar mode list only http in security.tls.listeners" $used) -}}
+{{- end }}
 - name: OTEL_EXPORTER_OTLP_TRACES_INSECURE
   value: "true"
 - name: OTEL_SERVICE_NAME
