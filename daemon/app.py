@@ -25,7 +25,7 @@ from types import FrameType
 from typing import Any, Protocol, runtime_checkable
 
 import structlog
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from daemon.http.server import HttpServer, Request, Response, Router
@@ -501,6 +501,13 @@ class App:
             events_received=self.metrics.events_received,
             events_sampled_out=self.metrics.events_sampled_out,
         )
+        connected = Gauge(
+            "coeffd_kv_connected",
+            "1 while the KV publisher this daemon connects to is connected, else 0 (ZMQ "
+            "retries in the background; kv.bind endpoints are not listed).",
+            ["endpoint"],
+            registry=self.registry,
+        )
         for endpoint in kv.endpoints:
             sub = KVSubscriber(
                 endpoint,
@@ -519,6 +526,21 @@ class App:
                 raise OSError(f"kv endpoint {endpoint}: {e}") from e
             self._kv.append(sub)
             self.supervisor.watch("kv", functools.partial(getattr, sub, "alive"), sub.restart)
+            if not kv.bind:
+                connected.labels(endpoint).set_function(
+                    functools.partial(lambda s: float(bool(s.connected)), sub)
+                )
+        if not kv.bind:
+            self.add_readiness_check("kv", self._kv_readiness)
+
+    def _kv_readiness(self) -> str | None:
+        """Readiness: every KV endpoint we connect to has its publisher connected."""
+        down = [s for s in self._kv if s.connected is False]
+        if not down:
+            return None
+        return "; ".join(
+            f"{s.endpoint} not connected ({s.connect_failures} attempts failed)" for s in down
+        )
 
     @property
     def kv_endpoints(self) -> list[str]:

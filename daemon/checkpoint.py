@@ -23,6 +23,7 @@ import hashlib
 import os
 import struct
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,16 @@ class CheckpointError(ValueError):
     """A checkpoint file that is truncated, corrupt or not a checkpoint."""
 
 
+class CheckpointContentError(CheckpointError):
+    """A checkpoint whose checksum holds but whose content is not what coeffd writes
+    (another version's layout, a foreign tool's file): restoring it would crash."""
+
+
+#: What :meth:`CheckpointStore.restore` found wrong with one file: (``latest`` or
+#: ``previous``, ``unreadable`` / ``corrupt`` / ``invalid_content``, the detail).
+Problem = tuple[str, str, str]
+
+
 def _enc_hook(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         arr = np.ascontiguousarray(obj)
@@ -68,7 +79,7 @@ def _ext_hook(code: int, data: memoryview) -> Any:
     if code == _EXT_NPSCALAR:
         dtype, raw = msgspec.msgpack.decode(data)
         return np.frombuffer(raw, dtype=np.dtype(dtype))[0]
-    raise CheckpointError(f"unknown msgpack extension type {code}")
+    raise CheckpointContentError(f"unknown msgpack extension type {code}")
 
 
 _encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
@@ -94,8 +105,12 @@ def decode_state(data: bytes) -> Any:
         raise CheckpointError("checksum mismatch")
     try:
         return _decoder.decode(payload)
-    except msgspec.DecodeError as exc:  # pragma: no cover - checksum makes this unlikely
-        raise CheckpointError(f"undecodable payload: {exc}") from exc
+    except CheckpointError:
+        raise
+    except (msgspec.DecodeError, ValueError, TypeError, IndexError, RecursionError) as exc:
+        # The checksum held, so the bytes are what some writer meant: not ours (a bad
+        # numpy dtype or shape, another format), not a torn write.
+        raise CheckpointContentError(f"undecodable payload: {exc}") from exc
 
 
 class Restored(msgspec.Struct, frozen=True):
@@ -114,6 +129,8 @@ class CheckpointStore:
         self.directory = Path(directory)  # created by the first save, not before
         self.latest_path = self.directory / LATEST
         self.previous_path = self.directory / PREVIOUS
+        #: What the last :meth:`restore` found wrong (empty when both files were fine).
+        self.problems: list[Problem] = []
 
     def _valid_bytes(self, path: Path) -> bytes | None:
         """The file's bytes if it holds a good checkpoint, else None."""
@@ -146,28 +163,54 @@ class CheckpointStore:
         log.info("checkpoint saved", path=str(path), bytes=len(data))
         return path
 
-    def restore(self) -> Restored | None:
-        """Load the newest valid checkpoint, or None when there is none."""
+    def restore(self, validate: Callable[[Any], None] | None = None) -> Restored | None:
+        """Load the newest usable checkpoint, or None when there is none.
+
+        A file is usable when it reads, its checksum holds and ``validate(state)`` (the
+        caller's schema check) does not raise; otherwise the previous copy is tried, then
+        nothing (a fresh start). What was wrong is kept in :attr:`problems` and logged as
+        one error line, so a bad file never turns into a restart loop.
+        """
+        self.problems = []
         fell_back = False
-        for path in (self.latest_path, self.previous_path):
+        found: Restored | None = None
+        for label, path in (("latest", self.latest_path), ("previous", self.previous_path)):
             try:
                 data = path.read_bytes()
                 mtime = path.stat().st_mtime_ns
             except FileNotFoundError:
                 fell_back = fell_back or path == self.latest_path
                 continue
-            try:
-                state = decode_state(data)
-            except CheckpointError as exc:
-                log.error(
-                    "checkpoint unusable, trying the previous one", path=str(path), error=str(exc)
-                )
+            except OSError as exc:
+                self.problems.append((label, "unreadable", exc.strerror or str(exc)))
                 fell_back = True
                 continue
-            if fell_back:
-                log.warning("restored previous checkpoint", path=str(path))
-            return Restored(state, str(path), fell_back and path == self.previous_path, mtime)
-        return None
+            try:
+                state = decode_state(data)
+                if validate is not None:
+                    validate(state)
+            except CheckpointContentError as exc:
+                self.problems.append((label, "invalid_content", str(exc)))
+                fell_back = True
+                continue
+            except CheckpointError as exc:
+                self.problems.append((label, "corrupt", str(exc)))
+                fell_back = True
+                continue
+            found = Restored(state, str(path), fell_back and path == self.previous_path, mtime)
+            break
+        if self.problems:
+            detail = "; ".join(
+                f"{label}: {why}: {text[:300]}" for label, why, text in self.problems
+            )
+            log.error(
+                "checkpoint unusable; restored the previous one"
+                if found is not None
+                else "no usable checkpoint; starting fresh",
+                directory=str(self.directory),
+                problems=detail,
+            )
+        return found
 
     def load(self) -> Any | None:
         """Just the state of ``restore()`` (None when nothing restorable)."""

@@ -28,7 +28,7 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from daemon.batchhist import BatchHistogram
-from daemon.checkpoint import CheckpointStore
+from daemon.checkpoint import CheckpointContentError, CheckpointStore
 from daemon.fleet import FleetPublisher
 from daemon.publish.snapshot import (
     ConfigurationRef,
@@ -66,6 +66,7 @@ _FRESHNESS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0
 _SOURCES = ("learned", "blis_default", "batch_refit", "learned_extended")
 #: Shedding below this keep ratio is worth a warning; above it, it is routine trimming.
 _SHED_WARN_BELOW = 0.5
+_CHECKPOINT = "\0checkpoint"  # key of the checkpoint's write error (never a config id)
 _ARRIVAL_SAMPLE_MASK = 15  # step freshness is measured on every 16th step (see __init__)
 
 
@@ -164,6 +165,26 @@ class ServeMetrics:
         )
         self.checkpoints = Counter(
             "coeffd_checkpoints_total", "Checkpoints written.", registry=registry
+        )
+        self.checkpoint_failures = Counter(
+            "coeffd_checkpoint_failures_total",
+            "Checkpoint writes that failed (disk full, read-only, permissions): learning "
+            "since the last good one is lost on a restart.",
+            registry=registry,
+        )
+        self.snapshot_write_failures = Counter(
+            "coeffd_snapshot_write_failures_total",
+            "Snapshot writes that failed (disk full, read-only, permissions); refusals of "
+            "invalid vectors are coeffd_snapshot_refused_total.",
+            ["config"],
+            registry=registry,
+        )
+        self.checkpoint_unusable = Counter(
+            "coeffd_checkpoint_unusable_total",
+            "Checkpoint files found unusable at start-up, by file (latest, previous) and "
+            "reason (unreadable, corrupt, invalid_content); the next one was tried.",
+            ["file", "reason"],
+            registry=registry,
         )
         self.shed = Counter(
             "coeffd_observations_shed_total",
@@ -403,12 +424,15 @@ class LearningConsumer:
         self._configs: dict[str, ServingConfig] = {}
         self._last_checkpoint = clock()
         # File writes (fsync) happen on the writer's thread, never on the pipeline worker.
+        # Writes failing now, by configuration id (or _CHECKPOINT): readiness reads it.
+        self._write_errors: dict[str, str] = {}
         self.writer = Writer(
             store,
             checkpoints,
             on_written=self._written,
             on_refused=lambda snap, why: self.metrics.publish_refused.labels(snap.config_id).inc(),
-            on_checkpoint=self.metrics.checkpoints.inc,
+            on_checkpoint=self._checkpointed,
+            on_failed=self._write_failed,
         )
         self._last: dict[str, Snapshot] = {}  # last snapshot handed to the writer
         self._next_version: dict[str, int] = {}
@@ -442,7 +466,9 @@ class LearningConsumer:
         """Load the newest good checkpoint (if any); True when state was restored."""
         if self.checkpoints is None:
             return False
-        restored = self.checkpoints.restore()
+        restored = self.checkpoints.restore(validate=self._check_state)
+        for file, reason, _ in self.checkpoints.problems:
+            self.metrics.checkpoint_unusable.labels(file, reason).inc()
         if restored is None:
             return False
         state = restored.state
@@ -461,6 +487,45 @@ class LearningConsumer:
             configurations=len(state.get("registry", {}).get("sets", {})),
         )
         return True
+
+    def _check_state(self, state: Any) -> None:
+        """Raise :class:`CheckpointContentError` unless ``state`` is what
+        :meth:`checkpoint` writes and every learner set in it rebuilds."""
+        if not isinstance(state, dict):
+            raise CheckpointContentError(f"expected a map, got {type(state).__name__}")
+        configs = state.get("configs", {})
+        if not isinstance(configs, dict) or not all(isinstance(c, dict) for c in configs.values()):
+            raise CheckpointContentError("configs: expected a map of configuration maps")
+        try:
+            self.registry.check_state(state.get("registry", {}))
+        except ValueError as e:
+            raise CheckpointContentError(f"registry: {e}") from e
+
+    # ------------------------------------------------------------ write health
+    def _checkpointed(self) -> None:
+        self._write_errors.pop(_CHECKPOINT, None)
+        self.metrics.checkpoints.inc()
+
+    def _write_failed(self, snap: Snapshot | None, error: str) -> None:
+        """Writer thread: a snapshot or checkpoint did not reach the disk."""
+        if snap is None:
+            self._write_errors[_CHECKPOINT] = error
+            self.metrics.checkpoint_failures.inc()
+        else:
+            self._write_errors[snap.config_id] = error
+            self.metrics.snapshot_write_failures.labels(snap.config_id).inc()
+
+    def checkpoint_problem(self) -> str | None:
+        """Readiness: why the last checkpoint write failed (None when it worked)."""
+        error = self._write_errors.get(_CHECKPOINT)
+        return None if error is None else f"last checkpoint write failed: {error}"
+
+    def snapshot_problem(self) -> str | None:
+        """Readiness: the configurations whose last snapshot write failed (None if none)."""
+        failing = [(k, v) for k, v in list(self._write_errors.items()) if k != _CHECKPOINT]
+        if not failing:
+            return None
+        return f"snapshot writes failing for {len(failing)} configuration(s): {failing[0][1]}"
 
     def checkpoint(self) -> None:
         """Checkpoint the learners' state now (written atomically by the writer thread;
@@ -813,6 +878,7 @@ class LearningConsumer:
     def _written(self, snap: Snapshot, at: float) -> None:
         """Writer thread: a snapshot is on disk; it and every older one replaced by it
         while pending are now fresh."""
+        self._write_errors.pop(snap.config_id, None)
         with self._unwritten_lock:
             pending = self._unwritten.get(snap.config_id, [])
             done = [e for e in pending if e[0] <= snap.version]

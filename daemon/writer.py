@@ -19,7 +19,9 @@ import structlog
 from daemon.checkpoint import CheckpointStore
 from daemon.publish.snapshot import InvalidCoefficientsError, Snapshot, SnapshotStore
 
-__all__ = ["Writer", "Written"]
+__all__ = ["Failed", "Writer", "Written"]
+
+_CHECKPOINT = "\0checkpoint"  # never a configuration id
 
 log = structlog.get_logger(__name__)
 
@@ -27,6 +29,9 @@ log = structlog.get_logger(__name__)
 Written = Callable[[Snapshot, float], None]
 #: Called when the store refused a snapshot: (snapshot, reason).
 Refused = Callable[[Snapshot, str], None]
+#: Called when a write failed (disk full, read-only, permissions): (snapshot or None for
+#: a checkpoint, the OS error). Not a refusal: the vector was fine, the disk was not.
+Failed = Callable[[Snapshot | None, str], None]
 
 
 class Writer:
@@ -47,12 +52,19 @@ class Writer:
         on_written: Written | None = None,
         on_refused: Refused | None = None,
         on_checkpoint: Callable[[], None] | None = None,
+        on_failed: Failed | None = None,
+        retry_s: float = 5.0,
     ) -> None:
         self.store = store
         self.checkpoints = checkpoints
         self._on_written = on_written
         self._on_refused = on_refused
         self._on_checkpoint = on_checkpoint
+        self._on_failed = on_failed
+        self._failed_keys: set[str] = set()  # checkpoint / configurations failing to write
+        self._retry: dict[str, Snapshot] = {}  # snapshots whose write failed, by config
+        #: Seconds before a failed snapshot write is tried again.
+        self.retry_s = retry_s
         self._snapshots: dict[str, Snapshot] = {}
         self._checkpoint: Any = None
         self._busy = False
@@ -96,7 +108,14 @@ class Writer:
         while True:
             with self._cond:
                 while not (self._snapshots or self._checkpoint is not None or self._closing):
-                    self._cond.wait()
+                    if not self._retry:
+                        self._cond.wait()
+                    elif not self._cond.wait(self.retry_s):
+                        # Snapshots whose write failed (a full or read-only disk) are tried
+                        # again, unless a newer one of the configuration is pending.
+                        for cid, snap in self._retry.items():
+                            self._snapshots.setdefault(cid, snap)
+                        self._retry.clear()
                 if self._closing and not self._snapshots and self._checkpoint is None:
                     return
                 snapshots = list(self._snapshots.values())
@@ -118,11 +137,21 @@ class Writer:
             return
         try:
             self.store.publish(snap)
-        except (InvalidCoefficientsError, ValueError, OSError) as e:
-            log.error("snapshot not written", config=snap.config_id, error=str(e))
+        except OSError as e:
+            self._failing(snap.config_id, "snapshot write failed", e, config=snap.config_id)
+            with self._cond:
+                self._retry[snap.config_id] = snap
+            if self._on_failed is not None:
+                self._on_failed(snap, str(e))
+            return
+        except (InvalidCoefficientsError, ValueError) as e:
+            log.error("snapshot refused", config=snap.config_id, error=str(e))
             if self._on_refused is not None:
                 self._on_refused(snap, str(e))
             return
+        with self._cond:
+            self._retry.pop(snap.config_id, None)
+        self._recovered(snap.config_id, "snapshot writes work again", config=snap.config_id)
         if self._on_written is not None:
             self._on_written(snap, time.time())
 
@@ -131,7 +160,21 @@ class Writer:
         try:
             self.checkpoints.save(state)
         except (OSError, TypeError) as e:
-            log.error("checkpoint not written", error=str(e))
+            self._failing(_CHECKPOINT, "checkpoint not written", e)
+            if self._on_failed is not None:
+                self._on_failed(None, str(e))
             return
+        self._recovered(_CHECKPOINT, "checkpoint writes work again")
         if self._on_checkpoint is not None:
             self._on_checkpoint()
+
+    def _failing(self, key: str, event: str, error: Exception, **context: str) -> None:
+        # once when a write starts failing, not every cadence: the metric counts them all
+        if key not in self._failed_keys:
+            self._failed_keys.add(key)
+            log.error(event, error=str(error), **context)
+
+    def _recovered(self, key: str, event: str, **context: str) -> None:
+        if key in self._failed_keys:
+            self._failed_keys.discard(key)
+            log.info(event, **context)

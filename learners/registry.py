@@ -75,6 +75,8 @@ _ONE = ("one",)
 #: a new β on (how much would it change the predicted step times of these batches).
 RECENT_ROWS = 256
 _NO_DRIFT = frozenset({"kv_store", "kv_load", "queue_wait"})
+#: Every learner a set can hold (``LearnerSet._make``).
+_TARGETS = frozenset({"beta", "beta_extended", *ALPHA_TARGETS, "queue_wait", "kv_store", "kv_load"})
 
 
 @dataclass(frozen=True)
@@ -554,6 +556,37 @@ class LearnerSet:
         }
 
 
+_PROBE_CONFIG = ServingConfig(model="llama-3.1-8b-instruct", gpu="H100")
+
+
+def _check_priors(reg: LearnerRegistry, config: ServingConfig, ls: LearnerSet | None) -> None:
+    """Raise ``ValueError`` when the pools cannot give ``config`` a prior, or when a
+    restored set's priors and baseline do not have the shapes a new set's would."""
+    bp = reg.beta_pool.prior_for(config)
+    ap = reg.alpha_pool.prior_for(config)
+    if ls is None:
+        return
+    for what, got, want in (
+        ("beta_prior", ls.beta_prior, bp.mean),
+        ("beta_precision", ls.beta_precision, bp.precision),
+        ("alpha_prior", ls.alpha_prior, ap.mean),
+        ("baseline", ls.baseline.coef, bp.mean),
+    ):
+        if np.shape(got) != np.shape(want) or not np.all(np.isfinite(got)):
+            raise ValueError(f"set {config.id}: {what} has shape {np.shape(got)}")
+
+
+def _check_learner(name: str, m: RLSRegressor) -> None:
+    """Raise ``ValueError`` when a restored learner's state disagrees with its features."""
+    if name not in _TARGETS:
+        raise ValueError(f"unknown learner {name!r}")
+    n = len(m.features)
+    coef = np.asarray(m.coef, dtype=float)
+    if coef.shape != (n,) or np.asarray(m.coef_std()).shape != (n,):
+        raise ValueError(f"learner {name!r}: state does not match its {n} features")
+    _fast_predict(m, dict.fromkeys(m.features, 1.0))
+
+
 def _fast_predict(m: RLSRegressor, x: Mapping[str, float]) -> float:
     """Predict-before-learn with the coefficients of the last fold (see
     :meth:`RLSRegressor.prediction_coef`)."""
@@ -756,6 +789,35 @@ class LearnerRegistry:
         self.alpha_pool.load_state(state.get("alpha_pool", {}))
         for cid, st in state.get("sets", {}).items():
             self._parked[cid] = dict(st)
+
+    def check_state(self, state: Any) -> None:
+        """Raise ``ValueError`` unless ``state`` restores: :meth:`state_dict`'s layout, every
+        set rebuildable and every learner usable (shapes agree with its features).
+
+        A checkpoint's checksum only proves the bytes are what was written; a file of
+        another version or tool with a good checksum once crashed start-up (``TypeError``)
+        in a restart loop. Everything is rebuilt in a scratch registry, so a bad state
+        leaves this one untouched.
+        """
+        try:
+            if not isinstance(state, Mapping):
+                raise TypeError(f"expected a map, got {type(state).__name__}")
+            sets = state.get("sets", {})
+            if not isinstance(sets, Mapping):
+                raise TypeError(f"sets: expected a map, got {type(sets).__name__}")
+            scratch = LearnerRegistry(self.settings, resolver=self.resolver)
+            scratch.load_state(state)
+            # the pools' entries take part in every new configuration's prior
+            _check_priors(scratch, _PROBE_CONFIG, None)
+            for cid, st in sets.items():
+                if not isinstance(cid, str):
+                    raise TypeError(f"set id {cid!r} is not a string")
+                ls = scratch._from_state(st)
+                _check_priors(scratch, ls.config, ls)
+                for name, m in ls.learners.items():
+                    _check_learner(name, m)
+        except (TypeError, KeyError, ValueError, AttributeError, IndexError) as exc:
+            raise ValueError(f"{type(exc).__name__}: {exc}") from exc
 
     def _evict_over_limit(self) -> None:
         while len(self._sets) > self.settings.max_configurations:

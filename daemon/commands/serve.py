@@ -140,6 +140,9 @@ def build_app(
         app.kv_engine_filter = consumer.sampler.keep_engine
         consumer.sampler.receivers_full = app.grpc_occupancy.full_share
     api.mount(app.router, store, consumer.fleet)
+    # Failed writes make /readyz fail (an operator alerts on it) until a write works.
+    app.add_readiness_check("checkpoints", consumer.checkpoint_problem)
+    app.add_readiness_check("snapshots", consumer.snapshot_problem)
     return app
 
 
@@ -154,6 +157,12 @@ def run(args: argparse.Namespace) -> int:
         log.error("cannot start", error=str(e))
         return 1
     try:
-        return app.run()
+        code = app.run()
     except OSError:  # a listener could not bind; App.start logged which one
         return 1
+    consumer = app.consumer
+    if isinstance(consumer, LearningConsumer) and consumer.checkpoint_problem() is not None:
+        # the last state did not reach the disk: not a clean exit (a restart loses it)
+        log.error("exiting without a final checkpoint", error=consumer.checkpoint_problem())
+        return 1
+    return code

@@ -350,7 +350,7 @@ class SnapshotStore:
         out = []
         try:
             entries = list(self.directory.iterdir())
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return []
         for entry in entries:
             if _CONFIG_ID_RE.match(entry.name) and (entry / LATEST_NAME).is_file():
@@ -362,7 +362,8 @@ class SnapshotStore:
         cdir = self._config_dir(config_id)
         try:
             names = os.listdir(cdir)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
+            # nothing retained (a file in the way fails the next write: counted there)
             return []
         found = []
         for name in names:

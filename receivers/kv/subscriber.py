@@ -56,7 +56,7 @@ def source_from_attributes(attributes: Mapping[str, AttrValue]) -> Source:
 
 
 #: Connection outcomes of a connecting SUB (refused attempts are retried, not fatal).
-_CONNECT_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED
+_CONNECT_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED
 
 
 class KVMetrics:
@@ -290,6 +290,12 @@ class KVSubscriber:
         self._dealer: zmq.Socket[Any] | None = None
         self._replay_in_flight = False
         self._replay_topic = topic
+        #: Connecting subscribers: whether the publisher is connected now (readiness and
+        #: ``coeffd_kv_connected``: ZMQ retries in the background, so an unreachable
+        #: endpoint raised nothing). None when binding.
+        self.connected: bool | None = None if bind else False
+        #: Connection attempts that failed or were lost since start (connecting only).
+        self.connect_failures = 0
 
     # -- lifecycle
 
@@ -388,6 +394,7 @@ class KVSubscriber:
             if monitor is not None:
                 sock.disable_monitor()
                 monitor.close(linger=0)
+                self.connected = False
             sock.close(linger=0)
             if self._dealer is not None:
                 self._dealer.close(linger=0)
@@ -401,9 +408,16 @@ class KVSubscriber:
             except zmq.Again:
                 return
             if event == zmq.EVENT_CONNECTED:
+                self.connected = True
                 self.counts["connected"] += 1
                 log.info("kv subscriber connected", endpoint=self.endpoint)
+            elif event == zmq.EVENT_DISCONNECTED:
+                self.connected = False
+                self.connect_failures += 1
+                log.warning("kv publisher disconnected; retrying", endpoint=self.endpoint)
             elif event == zmq.EVENT_CONNECT_RETRIED:
+                self.connected = False
+                self.connect_failures += 1
                 self.counts["connect_retries"] += 1
                 if self.counts["connect_retries"] == 1 and not self.counts["connected"]:
                     log.warning(

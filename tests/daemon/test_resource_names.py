@@ -13,28 +13,20 @@ import threading
 from pathlib import Path
 
 import pytest
+from daemon_support import fleet_requests
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from prometheus_client import CollectorRegistry
 
 from daemon.commands.serve import build_consumer
 from daemon.settings import load_settings
 from receivers.otlp.decode import Decoder
-from simfleet import SampleRates, run
 
 BUNDLED = Path(__file__).resolve().parents[2] / "learners/features/data/models"
 
 
 @pytest.fixture(scope="module")
 def requests() -> list[ExportTraceServiceRequest]:
-    out: list[ExportTraceServiceRequest] = []
-
-    def keep(req: ExportTraceServiceRequest) -> None:
-        copy = ExportTraceServiceRequest()
-        copy.CopyFrom(req)
-        out.append(copy)
-
-    run("steady", 5, 1, rates=SampleRates(1.0, 1.0, 0.02, 100), trace_sinks=[keep], drain_s=1)
-    return out
+    return fleet_requests()
 
 
 def _named(reqs: list[ExportTraceServiceRequest], **attrs: str) -> list[bytes]:
