@@ -375,7 +375,10 @@ class App:
     def _readyz(self, req: Request) -> Response:
         if not self.ready:
             return Response.text(503, "not ready")
-        failing = self.readiness_failures()
+        # ?exclude=kv&exclude=snapshots (or comma-separated), as kube-apiserver's /readyz:
+        # a sidecar's probe leaves out what must not take its vLLM out of the Service.
+        excluded = {n.strip() for v in req.query.get("exclude", ()) for n in v.split(",")}
+        failing = [(n, why) for n, why in self.readiness_failures() if n not in excluded]
         if failing:
             return Response.text(503, "\n".join(f"{name}: {why}" for name, why in failing))
         return Response.text(200, "ready")

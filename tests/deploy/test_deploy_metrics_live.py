@@ -139,6 +139,30 @@ def _simfleet(grpc: int, kv: int | None = None) -> None:
     subprocess.run(args, cwd=REPO, env=_clean_env(), check=True, capture_output=True, timeout=240)
 
 
+#: The sidecar container's probe (templates/_sidecar.tpl; rendered by the vLLM chart that
+#: includes it, not by this chart in sidecar mode, which renders only the ConfigMap).
+SIDECAR_READY = "/readyz?exclude=kv,checkpoints,snapshots"
+
+
+def _readiness_path(docs: list[dict[str, Any]]) -> str:
+    """The readiness probe path of the coeffd container the chart renders."""
+    found: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            probe = node.get("readinessProbe")
+            if str(node.get("name", "")).startswith("coeffd") and isinstance(probe, dict):
+                found.append(probe["httpGet"]["path"])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(docs)
+    return found[0] if found else SIDECAR_READY
+
+
 @contextlib.contextmanager
 def _daemon(values: dict[str, Any], work: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """`coeffd serve` on the config.toml the chart renders for ``values`` (a healthy,
@@ -149,7 +173,9 @@ def _daemon(values: dict[str, Any], work: Path) -> Iterator[tuple[subprocess.Pop
     settings["state"] = {"state_dir": str(work / "state")}
     http = settings["http"]["endpoint"]
     cfg = work / "config.toml"
-    cfg.write_text(config_toml(manifests(render(CHART, values))))
+    docs = manifests(render(CHART, values))
+    cfg.write_text(config_toml(docs))
+    ready = _readiness_path(docs)  # what the chart's probe asks (a sidecar's excludes some)
     with cfg.with_suffix(".log").open("wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "daemon", "serve", "--config", str(cfg)],
@@ -163,7 +189,7 @@ def _daemon(values: dict[str, Any], work: Path) -> Iterator[tuple[subprocess.Pop
             assert _wait_for("/healthz", lambda: _get(base + "/healthz")[0] == 200, proc, 60), (
                 "daemon never became healthy"
             )
-            assert _wait_for("/readyz", lambda: _get(base + "/readyz")[0] == 200, proc, 60)
+            assert _wait_for(ready, lambda: _get(base + ready)[0] == 200, proc, 60)
             yield proc, base
         finally:
             proc.terminate()

@@ -56,9 +56,11 @@ the tracing and KV-event flags pointed at the sidecar on localhost.
       port: coeffd-http
       scheme: {{ $scheme }}
     {{- toYaml $v.probes.liveness | nindent 4 }}
+  {{- /* A sidecar's readiness is its pod's: failed state writes or an unreachable KV
+  publisher must not take vLLM out of its Service (alerts cover them); dead threads do. */}}
   readinessProbe:
     httpGet:
-      path: /readyz
+      path: {{ if eq $v.mode "sidecar" }}/readyz?exclude=kv,checkpoints,snapshots{{ else }}/readyz{{ end }}
       port: coeffd-http
       scheme: {{ $scheme }}
     {{- toYaml $v.probes.readiness | nindent 4 }}
