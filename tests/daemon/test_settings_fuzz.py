@@ -120,8 +120,7 @@ def test_set_flags(
 ) -> None:
     tmp = tmp_path_factory.mktemp("set")
     argv = ["serve", "--state-dir", str(tmp / "s"), "--snapshot-dir", str(tmp / "p")]
-    for item in items:
-        argv += ["--set", item]
+    argv += [f"--set={item}" for item in items]  # (an item may start with "-")
     args = build_parser().parse_args(argv)
     result = settings_from_args(args)
     err = capsys.readouterr().err
