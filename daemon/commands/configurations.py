@@ -95,6 +95,8 @@ def row(snap: Snapshot) -> dict[str, Any]:
     """One configuration's line (as a dict) from its latest snapshot."""
     labels = {**{k: str(v) for k, v in snap.configuration.description.items() if v is not None}}
     labels.update(snap.configuration.labels)
+    if labels.get("kind") == "fleet":  # no model, GPU or knobs of its own
+        labels = {"kind": "fleet"}
     step = snap.prequential.get("step_period", {})
     learned, default = step.get("learned"), step.get("blis_default")
     return {

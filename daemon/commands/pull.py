@@ -244,7 +244,11 @@ def configuration_name(labels: Mapping[str, Any]) -> str:
 
     >>> configuration_name({"model": "llama-3.1-8b-instruct", "gpu": "H100", "tp": "2"})
     'llama-3.1-8b-instruct/H100/tp2'
+    >>> configuration_name({"config": "fleet", "kind": "fleet"})
+    'fleet model (all configurations)'
     """
+    if labels.get("kind") == "fleet":
+        return "fleet model (all configurations)"
     name = f"{labels.get('model', '?')}/{labels.get('gpu', '?')}/tp{labels.get('tp', 1)}"
     dp = str(labels.get("dp", "1"))
     return name + (f"/dp{dp}" if dp not in ("", "1") else "")

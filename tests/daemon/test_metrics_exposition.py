@@ -150,7 +150,11 @@ def test_configurations_lists_names_beside_ids(scrapes: dict[str, Any]) -> None:
     code, out = listings["server"]
     assert code == 0
     # (the daemon's own log lines share stdout in this process)
-    rows = [json.loads(line) for line in out.splitlines() if line.startswith('{"id"')]
+    listed = [json.loads(line) for line in out.splitlines() if line.startswith('{"id"')]
+    # the fleet model (one α/β over every configuration) is listed too, by that name
+    fleet = [r for r in listed if r["id"] not in ids]
+    assert all(r["name"] == "fleet model (all configurations)" for r in fleet)
+    rows = [r for r in listed if r["id"] in ids]
     assert sorted(r["id"] for r in rows) == sorted(ids)
     info = {
         s.labels["config"]: s.labels
@@ -175,10 +179,10 @@ def test_configurations_lists_names_beside_ids(scrapes: dict[str, Any]) -> None:
         for line in out.splitlines()
         if line.startswith('{"id"')
     }
-    assert set(from_dir) == {r["id"] for r in rows}
-    assert all(from_dir[r["id"]]["name"] == r["name"] for r in rows)
+    assert set(from_dir) == {r["id"] for r in listed}
+    assert all(from_dir[r["id"]]["name"] == r["name"] for r in listed)
     code, table = listings["table"]
-    lines = [ln for ln in table.splitlines() if ln[:12] in ids or ln.startswith("id ")]
+    lines = [ln for ln in table.splitlines() if ln.split(" ")[0] in {"id", *ids}]
     assert code == 0 and lines[0].startswith("id ") and len(lines) == len(rows) + 1
     assert all(any(r["id"] in ln and r["name"] in ln for ln in lines) for r in rows)
 
