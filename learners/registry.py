@@ -75,8 +75,6 @@ _ONE = ("one",)
 #: a new β on (how much would it change the predicted step times of these batches).
 RECENT_ROWS = 256
 _NO_DRIFT = frozenset({"kv_store", "kv_load", "queue_wait"})
-#: Every learner a set can hold (``LearnerSet._make``).
-_TARGETS = frozenset({"beta", "beta_extended", *ALPHA_TARGETS, "queue_wait", "kv_store", "kv_load"})
 
 
 @dataclass(frozen=True)
@@ -576,10 +574,15 @@ def _check_priors(reg: LearnerRegistry, config: ServingConfig, ls: LearnerSet | 
             raise ValueError(f"set {config.id}: {what} has shape {np.shape(got)}")
 
 
-def _check_learner(name: str, m: RLSRegressor) -> None:
-    """Raise ``ValueError`` when a restored learner's state disagrees with its features."""
-    if name not in _TARGETS:
-        raise ValueError(f"unknown learner {name!r}")
+def _check_learner(ls: LearnerSet, name: str, m: RLSRegressor) -> None:
+    """Raise ``ValueError`` when a restored learner is not one this version makes (its
+    name, its features) or its state disagrees with its features."""
+    try:
+        fresh = ls._make(name)  # the learner of that name today (KeyError: no such target)
+    except KeyError:
+        raise ValueError(f"unknown learner {name!r}") from None
+    if list(fresh.features) != list(m.features):
+        raise ValueError(f"learner {name!r}: features {list(m.features)} are not this version's")
     n = len(m.features)
     coef = np.asarray(m.coef, dtype=float)
     if coef.shape != (n,) or np.asarray(m.coef_std()).shape != (n,):
@@ -815,7 +818,8 @@ class LearnerRegistry:
                 ls = scratch._from_state(st)
                 _check_priors(scratch, ls.config, ls)
                 for name, m in ls.learners.items():
-                    _check_learner(name, m)
+                    _check_learner(ls, name, m)
+                scratch.snapshot(cid)  # every published vector (steady β included) computes
         except (TypeError, KeyError, ValueError, AttributeError, IndexError) as exc:
             raise ValueError(f"{type(exc).__name__}: {exc}") from exc
 
