@@ -254,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(
             f"{'held out':<22}{'requests':>9}{'TTFT pulled':>13}{'E2E pulled':>12}"
-            f"{'TTFT def':>10}{'E2E def':>9}"
+            f"{'TTFT def':>10}{'E2E def':>9}{'α0 pulled':>11}"
         )
         worst_cl = 0.0
         for cid, ans in answers.items():
@@ -263,9 +263,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             w = max(abs(pu["mean_ttft"]), abs(pu["mean_e2e"]))
             worst_cl = max(worst_cl, w)
             ok &= w <= CLOSED_LOOP_TARGET
+            true_a0 = _truth(learned, cid)["coefficients"]["points"][0]["alpha"][0]
             print(
                 f"{learned.names[cid]:<22}{int(pu['requests']):>9}{pu['mean_ttft']:>+13.3%}"
                 f"{pu['mean_e2e']:>+12.3%}{de['mean_ttft']:>+10.1%}{de['mean_e2e']:>+9.1%}"
+                f"{ans['alpha'][0] / true_a0 - 1:>+11.1%}"
                 f"{'' if w <= CLOSED_LOOP_TARGET else '  MISSED'}"
             )
         print(f"worst |mean TTFT/E2E| of the pulled prediction {worst_cl:.3%} "

@@ -106,7 +106,7 @@ def test_predict_unseen_configuration_from_the_fleet(fleet_server) -> None:
     assert status == 200
     answer = orjson.loads(body)
     assert answer["configuration"]["id"] == UNSEEN.id
-    assert answer["source"] == model.result().best_source
+    assert answer["source"] == model.predict(UNSEEN.to_dict()).source
     validate_for_blis(answer["alpha"], answer["beta"])
     assert isinstance(answer["expected_error"], float) and answer["expected_error"] < 0.05
     assert answer["version"] == 1 and set(answer["similar"]) <= {c.id for c in KNOWN}
