@@ -85,6 +85,16 @@ def _predict(url: str, **query: str) -> tuple[int, bytes]:
     return _get(f"{url}/v1/predict?{urllib.parse.urlencode(query)}")
 
 
+def test_fleet_snapshot_is_served_and_listed_by_name(fleet_server) -> None:
+    url, _, _ = fleet_server
+    _, body = _get(f"{url}/v1/configurations")
+    listed = {c["id"]: c for c in orjson.loads(body)["configurations"]}
+    assert set(listed) == {c.id for c in KNOWN} | {FLEET_ID}
+    assert listed[FLEET_ID]["labels"]["kind"] == "fleet"
+    status, body = _get(f"{url}/v1/coefficients/{FLEET_ID}")
+    assert status == 200 and orjson.loads(body)["loco"]["mean"]["fleet"]["mape"] > 0
+
+
 def test_predict_known_configuration_is_its_own_snapshot(fleet_server) -> None:
     url, store, _ = fleet_server
     cfg = KNOWN[2]
