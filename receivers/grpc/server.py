@@ -6,11 +6,17 @@ sleeps our delay and resends instead of dropping; ``partial_success`` naming wha
 rejected. The RetryInfo goes out twice: as the standard ``grpc-status-details-bin``
 (a ``google.rpc.Status`` with the RetryInfo in ``details``) and as
 ``google.rpc.retryinfo-bin``, the trailer the OpenTelemetry Python exporter reads.
+
+Every request is counted (``coeffd_receiver_requests_total``): one over
+``receivers.limits`` is refused before parsing (``INVALID_ARGUMENT``), one over
+``max_message_bytes`` by grpc before reading it (``RESOURCE_EXHAUSTED``), which
+``Export`` sees because it is served as a client-streaming handler.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import TYPE_CHECKING, Any
 
@@ -70,12 +76,8 @@ class _Undecodable:
         self.limit = limit
 
 
-def _deserializer(max_bytes: int, limits: RequestLimits) -> Callable[[bytes], Any]:
+def _deserializer(limits: RequestLimits) -> Callable[[bytes], Any]:
     def parse(data: bytes) -> Any:
-        if len(data) > max_bytes:
-            return _Undecodable(
-                f"message of {len(data)} bytes (more than {max_bytes})", len(data), "message_bytes"
-            )
         over = check_request(data, limits)
         if over is not None:
             return _Undecodable(str(over), len(data), over.limit)
@@ -89,23 +91,58 @@ def _deserializer(max_bytes: int, limits: RequestLimits) -> Callable[[bytes], An
     return parse
 
 
+def _still_active(context: Any) -> bool:
+    """Whether the call lives on after its message stream ended without a message.
+
+    grpc ends the stream of a refused message before it marks the call cancelled, so
+    give that a moment (a real client always sends its one message: this path is only
+    taken by refused messages and broken clients)."""
+    for _ in range(20):
+        if not context.is_active():
+            return False
+        time.sleep(0.005)
+    return True
+
+
 def _serialize(resp: trace_service_pb2.ExportTraceServiceResponse) -> bytes:
     return resp.SerializeToString()
 
 
 class _Servicer(trace_service_pb2_grpc.TraceServiceServicer):
-    def __init__(self, ingestor: Ingestor, retry_after: float, occupancy: Occupancy) -> None:
+    def __init__(
+        self, ingestor: Ingestor, retry_after: float, occupancy: Occupancy, max_bytes: int
+    ) -> None:
         self._ingestor = ingestor
+        self._max_bytes = max_bytes
         self._occupancy = occupancy
         self._trailers = retry_trailers(retry_after, "coeffd pipeline full, retry later")
 
     def Export(
         self,
-        request: Any,
+        requests: Iterator[Any],
         context: Any,
     ) -> trace_service_pb2.ExportTraceServiceResponse:
+        """The unary Export, served as a client-streaming handler: a unary handler is
+        never called when grpc refuses the message (over ``max_message_bytes``), so it
+        could not be counted; here reading the one message is ours, and so is its error.
+        """
         self._occupancy.enter()
         try:
+            try:
+                request = next(requests)
+            except (StopIteration, grpc.RpcError):
+                if _still_active(context):  # the client sent no message: not an export
+                    request = _Undecodable("no request message", 0)
+                else:
+                    # grpc refused the message: over max_message_bytes (the client already
+                    # has RESOURCE_EXHAUSTED "received message larger than max"), or the
+                    # client went away while sending it.
+                    self._ingestor.refused(
+                        "message_bytes",
+                        f"message over {self._max_bytes} bytes (or the client cancelled)",
+                        context.peer(),
+                    )
+                    return trace_service_pb2.ExportTraceServiceResponse()
             return self._export(request, context)
         finally:
             self._occupancy.exit()
@@ -146,9 +183,8 @@ class OtlpGrpcReceiver:
             futures.ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="coeffd-grpc"),
             interceptors=grpc_token_interceptor(RECEIVER, cfg.auth, app.auth_metrics),
             options=[
-                # Up to twice our limit reaches the deserializer, which refuses and counts
-                # what is over it; grpc refuses (uncounted) only what is larger still.
-                ("grpc.max_receive_message_length", min(2 * cfg.max_message_bytes, 2**31 - 1)),
+                # grpc refuses a larger message unread; Export counts it.
+                ("grpc.max_receive_message_length", cfg.max_message_bytes),
                 ("grpc.max_send_message_length", 4 * 1024 * 1024),
                 # grpcio sets SO_REUSEPORT by default: a second daemon on the same port
                 # would bind too and silently take part of the traffic.
@@ -157,7 +193,10 @@ class OtlpGrpcReceiver:
             ],
         )
         servicer = _Servicer(
-            self.ingestor, app.settings.receivers.retry_after_seconds, app.grpc_occupancy
+            self.ingestor,
+            app.settings.receivers.retry_after_seconds,
+            app.grpc_occupancy,
+            cfg.max_message_bytes,
         )
         # Registered by hand rather than with add_TraceServiceServicer_to_server so that an
         # undecodable body reaches us (counted, INVALID_ARGUMENT) instead of failing in
@@ -167,11 +206,11 @@ class OtlpGrpcReceiver:
                 grpc.method_handlers_generic_handler(
                     SERVICE,
                     {
-                        "Export": grpc.unary_unary_rpc_method_handler(
+                        # Client-streaming on our side, unary on the wire (the framing is
+                        # the same): see _Servicer.Export.
+                        "Export": grpc.stream_unary_rpc_method_handler(
                             servicer.Export,
-                            request_deserializer=_deserializer(
-                                cfg.max_message_bytes, app.settings.receivers.limits
-                            ),
+                            request_deserializer=_deserializer(app.settings.receivers.limits),
                             response_serializer=_serialize,
                         )
                     },

@@ -148,12 +148,12 @@ OTLP: dict[str, tuple[Callable[[], bytes], str, str, int, str]] = {
     "pb-resource-attribute-16k": (lambda: big_resource(16_384), PB, "", 413, "INVALID_ARGUMENT"),
     "pb-scope-attributes-10k": (lambda: big_scope(10_000), PB, "", 413, "INVALID_ARGUMENT"),
     "pb-any-value-nested-200": (lambda: nested_any_value(200), PB, "", 400, "INVALID_ARGUMENT"),
-    "pb-body-over-limit": (
+    "pb-body-over-limit": (  # gRPC: grpc's own status for an oversize message
         lambda: empty_spans(1) + b"\x1a\x00" * (TEST_MAX_BYTES // 2),
         PB,
         "",
         413,
-        "INVALID_ARGUMENT",
+        "RESOURCE_EXHAUSTED",
     ),
     "json-nested-250": (lambda: nested_json(250), JSON, "", 400, ""),
     # 1000 and 1020 deep: orjson (limit 1024) parses them, protobuf's ParseDict ran

@@ -164,19 +164,21 @@ def test_32mb_of_empty_resource_spans_is_refused_at_default_limits() -> None:
 
 
 def test_grpc_message_over_the_limit_is_counted(app: App) -> None:
-    before = scrape(app)
-    with (
-        grpc.insecure_channel(
-            f"127.0.0.1:{app.grpc_port}", options=[("grpc.max_send_message_length", -1)]
-        ) as ch,
-        pytest.raises(grpc.RpcError) as ei,
-    ):
-        ch.unary_unary(EXPORT)(b"\x1a\x00" * TEST_MAX_BYTES, timeout=30)  # 2x the limit
-    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    after = scrape(app)
-    key = {"receiver": "otlp_grpc", "limit": "message_bytes"}
+    """grpc refuses it unread (RESOURCE_EXHAUSTED); counted all the same, at any size
+    (a unary handler never ran for these, so they went uncounted)."""
     name = "coeffd_receiver_limit_exceeded_total"
-    assert metric(after, name, **key) == metric(before, name, **key) + 1
+    key = {"receiver": "otlp_grpc", "limit": "message_bytes"}
+    for size in (TEST_MAX_BYTES + 2, 4 * TEST_MAX_BYTES):
+        before = metric(scrape(app), name, **key)
+        with (
+            grpc.insecure_channel(
+                f"127.0.0.1:{app.grpc_port}", options=[("grpc.max_send_message_length", -1)]
+            ) as ch,
+            pytest.raises(grpc.RpcError) as ei,
+        ):
+            ch.unary_unary(EXPORT)(b"\x1a\x00" * (size // 2), timeout=30)
+        assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert metric(scrape(app), name, **key) == before + 1
 
 
 def test_json_errors_are_json_status(app: App) -> None:
