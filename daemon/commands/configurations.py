@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import statistics
 import sys
 import urllib.parse
 from pathlib import Path
@@ -95,10 +96,26 @@ def row(snap: Snapshot) -> dict[str, Any]:
     """One configuration's line (as a dict) from its latest snapshot."""
     labels = {**{k: str(v) for k, v in snap.configuration.description.items() if v is not None}}
     labels.update(snap.configuration.labels)
-    if labels.get("kind") == "fleet":  # no model, GPU or knobs of its own
+    fleet = labels.get("kind") == "fleet"
+    if fleet:  # no model, GPU or knobs of its own
         labels = {"kind": "fleet"}
     step = snap.prequential.get("step_period", {})
     learned, default = step.get("learned"), step.get("blis_default")
+    mape = learned.mape if learned is not None else None
+    mape_default = default.mape if default is not None else None
+    note = ""
+    if fleet and snap.loco:
+        # its honest error: each configuration's steps predicted by the fleet model
+        # fitted without that configuration (leave-one-configuration-out)
+        per = {k: v for k, v in snap.loco.items() if k != "mean"}
+        mean = snap.loco.get("mean")
+        if mean is not None:
+            mape = _mape(mean.get("fleet"))
+            mape_default = _mape(mean.get("blis_default"))
+        else:
+            mape = _median([e.get("fleet") for e in per.values()])
+            mape_default = _median([e.get("blis_default") for e in per.values()])
+        note = f"error: each of {len(per)} configurations held out of the fit"
     return {
         "id": snap.config_id,
         "name": configuration_name(labels),
@@ -106,13 +123,24 @@ def row(snap: Snapshot) -> dict[str, Any]:
         "gpu": labels.get("gpu", ""),
         "tp": labels.get("tp", "1"),
         "dp": labels.get("dp", "1"),
-        "knobs": knobs(labels),
+        "knobs": {} if fleet else knobs(labels),
+        "fleet": fleet,
+        "note": note,
         "version": snap.version,
         "coeffd_version": snap.coeffd_version,
         "observations": dict(snap.observations),
-        "step_mape_learned": learned.mape if learned is not None else None,
-        "step_mape_blis_default": default.mape if default is not None else None,
+        "step_mape_learned": mape,
+        "step_mape_blis_default": mape_default,
     }
+
+
+def _mape(stat: Any) -> float | None:
+    return None if stat is None else stat.mape
+
+
+def _median(stats: list[Any]) -> float | None:
+    values = sorted(x.mape for x in stats if x is not None and x.mape is not None)
+    return statistics.median(values) if values else None
 
 
 def _from_server(server: str, timeout: float) -> list[Snapshot]:
@@ -139,8 +167,8 @@ def _decode(data: bytes, where: str) -> Snapshot:
 
 
 def rows(snaps: list[Snapshot]) -> list[dict[str, Any]]:
-    """Rows sorted by name."""
-    return sorted((row(s) for s in snaps), key=lambda r: (r["name"], r["id"]))
+    """Rows sorted by name, the fleet model last."""
+    return sorted((row(s) for s in snaps), key=lambda r: (r["fleet"], r["name"], r["id"]))
 
 
 def _pct(x: float | None) -> str:
@@ -165,8 +193,9 @@ def table(rs: list[dict[str, Any]]) -> str:
     """
     if not rs:
         return "no configuration has published coefficients yet"
-    shared = dict(rs[0]["knobs"]) if len(rs) > 1 else {}
-    for r in rs[1:]:
+    configs = [r for r in rs if not r.get("fleet")]
+    shared = dict(configs[0]["knobs"]) if len(configs) > 1 else {}
+    for r in configs[1:]:
         shared = {k: v for k, v in shared.items() if r["knobs"].get(k) == v}
     width = max(len("configuration"), *(len(r["name"]) for r in rs))
     lines = [
@@ -174,7 +203,9 @@ def table(rs: list[dict[str, Any]]) -> str:
         f"{'step error: learned':>19} {'BLIS default':>12}  knobs"
     ]
     for r in rs:
-        knob_text = " ".join(f"{k}={v}" for k, v in r["knobs"].items() if k not in shared)
+        knob_text = r.get("note") or " ".join(
+            f"{k}={v}" for k, v in r["knobs"].items() if k not in shared
+        )
         lines.append(
             f"{r['id']:<12}  {r['name']:<{width}}  {r['version']:>7}  "
             f"{r['observations'].get('beta', r['observations'].get('step_period', 0)):>8}  "

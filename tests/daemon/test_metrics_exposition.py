@@ -154,6 +154,7 @@ def test_configurations_lists_names_beside_ids(scrapes: dict[str, Any]) -> None:
     # the fleet model (one α/β over every configuration) is listed too, by that name
     fleet = [r for r in listed if r["id"] not in ids]
     assert all(r["name"] == "fleet model (all configurations)" for r in fleet)
+    assert all(r["knobs"] == {} for r in fleet) and listed[len(listed) - len(fleet) :] == fleet
     rows = [r for r in listed if r["id"] in ids]
     assert sorted(r["id"] for r in rows) == sorted(ids)
     info = {
@@ -185,6 +186,9 @@ def test_configurations_lists_names_beside_ids(scrapes: dict[str, Any]) -> None:
     lines = [ln for ln in table.splitlines() if ln.split(" ")[0] in {"id", *ids}]
     assert code == 0 and lines[0].startswith("id ") and len(lines) == len(rows) + 1
     assert all(any(r["id"] in ln and r["name"] in ln for ln in lines) for r in rows)
+    # knobs every configuration shares are said once, under the table
+    shared = [ln for ln in table.splitlines() if ln.startswith("all configurations: ")]
+    assert len(shared) == 1 and "max_num_seqs=" in shared[0]
 
 
 def test_configurations_without_a_server_fails_plainly(tmp_path: Path) -> None:
