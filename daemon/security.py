@@ -58,6 +58,18 @@ log = structlog.get_logger(__name__)
 
 #: How often a token file's mtime is looked at (a rotated Secret takes effect this late).
 TOKEN_RECHECK_SECONDS = 1.0
+#: A token file larger than this is a wrong path, not a token (and never read whole).
+MAX_TOKEN_BYTES = 64 * 1024
+
+
+def read_token(path: str) -> bytes:
+    """The token in ``path`` without surrounding whitespace; ``ValueError`` if the file
+    is larger than :data:`MAX_TOKEN_BYTES`."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_TOKEN_BYTES + 1)
+    if len(data) > MAX_TOKEN_BYTES:
+        raise ValueError(f"token file larger than {MAX_TOKEN_BYTES} bytes; is it the token?")
+    return data.strip()
 
 
 def _readable(path: str, what: str) -> Path:
@@ -164,8 +176,8 @@ class AuthSettings(BaseModel):
     @classmethod
     def _token(cls, v: str) -> str:
         if v:
-            p = _readable(v, "token file")
-            if not p.read_bytes().strip():
+            _readable(v, "token file")
+            if not read_token(v):
                 raise ValueError("token file is empty; put the token in it")
         return v
 
@@ -202,8 +214,8 @@ class TokenFile:
             stamp = (st.st_mtime, st.st_size)
             if stamp == self._stamp:
                 return
-            token = Path(self.path).read_bytes().strip()
-        except OSError as e:
+            token = read_token(self.path)
+        except (OSError, ValueError) as e:
             log.warning(
                 "token file unreadable; keeping the last token", path=self.path, error=str(e)
             )

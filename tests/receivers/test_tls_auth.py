@@ -375,6 +375,7 @@ def _serve(capsys: pytest.CaptureFixture[str], tmp_path: Path, *sets: str) -> tu
         (("http.tls.cert_file={key}", "http.tls.key_file={key}"), "http.tls.cert_file", "PEM"),
         (("http.auth.bearer_token_file={missing}",), "http.auth.bearer_token_file", "not found"),
         (("receivers.otlp_grpc.auth.bearer_token_file={empty}",), "bearer_token_file", "empty"),
+        (("http.auth.bearer_token_file={huge}",), "http.auth.bearer_token_file", "larger than"),
     ],
 )
 def test_invalid_tls_settings_exit_2_with_one_line(
@@ -386,6 +387,7 @@ def test_invalid_tls_settings_exit_2_with_one_line(
     says: str,
 ) -> None:
     (tmp_path / "empty").write_text("  \n")
+    (tmp_path / "huge").write_bytes(b"x" * (65 * 1024))
     paths = {
         "missing": tmp_path / "nope.pem",
         "key": certs.server_key,
@@ -393,6 +395,7 @@ def test_invalid_tls_settings_exit_2_with_one_line(
         "other": certs.other_key,
         "ca": certs.ca,
         "empty": tmp_path / "empty",
+        "huge": tmp_path / "huge",
     }
     code, err = _serve(capsys, tmp_path, *(s.format(**paths) for s in sets))
     assert code == 2
