@@ -185,3 +185,26 @@ def test_load_settings_raises_settings_error_for_every_layer(tmp_path: Path) -> 
         load_settings(cfg, environ={})
     # the same value through the environment is a string by nature: parsed
     assert load_settings(environ={"COEFFD_HTTP__ENABLED": "yes"}).http.enabled is True
+
+
+def test_operator_paths_are_read_safely_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a FIFO or a device as the sidecar's model or hardware file: refused, never read
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)
+    code, out, err = _serve(tmp_path, "--model-config", str(fifo),
+                            capsys=capsys, monkeypatch=monkeypatch)  # fmt: skip
+    _one_line(code, out, err, "configuration.model=", "not a regular file")
+    code, out, err = _serve(
+        tmp_path, "--model-config", "llama-3.1-8b-instruct", "--hardware", "/dev/zero.json",
+        capsys=capsys, monkeypatch=monkeypatch,
+    )  # fmt: skip
+    _one_line(code, out, err, "configuration.hardware=")
+    zero = tmp_path / "zero.json"
+    zero.symlink_to("/dev/zero")
+    code, out, err = _serve(
+        tmp_path, "--model-config", "llama-3.1-8b-instruct", "--hardware", str(zero),
+        capsys=capsys, monkeypatch=monkeypatch,
+    )  # fmt: skip
+    _one_line(code, out, err, "configuration.hardware=", "not a regular file")
