@@ -180,3 +180,20 @@ def test_no_fleet_snapshot_from_one_configuration(tmp_path) -> None:
     assert pub.model is not None and len(pub.model) == 0
     p = pub.predict({"model": "m", "gpu": "H100", "tp": 1})
     assert p is not None and p.source == "blis_default" and p.expected_error is None
+
+
+def test_vectorised_fits_equal_the_plain_sums(learned) -> None:
+    reg, _ = learned
+    fm = FleetModel.from_registry(reg)
+    from learners.nnls import nnls_information
+
+    keys = list(fm.members)
+    mult = {k: 0.1 * (i + 1) for i, k in enumerate(keys[1:])}  # first left out
+    a = fm._a0 + sum(fm.weights[k] * f * fm.members[k].beta_a for k, f in mult.items())
+    b = fm._b0 + sum(fm.weights[k] * f * fm.members[k].beta_b for k, f in mult.items())
+    np.testing.assert_allclose(fm.fit_beta(mult), nnls_information(a, b), rtol=1e-6, atol=1e-9)
+    descs = [m.description for m in fm.members.values()]
+    plain = np.array([[fm.similarity(x, y) for y in descs] for x in descs])
+    np.testing.assert_array_equal(fm._similarity_matrix(), plain)
+    other = {**descs[0], "gpu": "H200", "tp": 8}
+    np.testing.assert_array_equal(fm._similarities(other), [fm.similarity(other, y) for y in descs])
