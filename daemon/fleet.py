@@ -105,6 +105,7 @@ class FleetPublisher:
         self._next_version: int | None = None
         self._due = 0.0
         self.refits = 0
+        self._rejected_logged: set[str] = set()
         self._loco: Gauge | None = None
         self._members: Gauge | None = None
         if metrics is not None:
@@ -124,6 +125,9 @@ class FleetPublisher:
     def refit(self) -> FleetModel:
         """Build a new model from the registry (worker thread) and swap it in."""
         model = FleetModel.from_registry(self.registry)  # its pool is a private copy
+        for key in set(model.rejected) - self._rejected_logged:
+            self._rejected_logged.add(key)
+            log.warning("fleet_member_skipped", config=key, reason="non-finite statistics")
         model.result()  # computed here, not on an HTTP thread
         self.model = model
         self.refits += 1

@@ -208,6 +208,15 @@ class Prediction:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+def _finite(m: MemberStats) -> bool:
+    return bool(
+        np.all(np.isfinite(m.beta_a))
+        and np.all(np.isfinite(m.beta_b))
+        and math.isfinite(m.beta_n)
+        and all(math.isfinite(v) for v in (*m.alpha_a, *m.alpha_b, *m.alpha_n))
+    )
+
+
 def _valid(v: FloatArray, n: int) -> bool:
     return bool(v.shape == (n,) and np.all(np.isfinite(v)) and np.all(v >= 0) and np.any(v > 0))
 
@@ -242,7 +251,11 @@ class FleetModel:
         local_floor: float = 0.02,
         min_rows: int = 20,
     ) -> None:
-        self.members = {m.key: m for m in members}
+        given = list(members)
+        # Learners never hold non-finite information (they reject such rows), but a
+        # member that did would poison every fit: it is left out and named.
+        self.rejected = tuple(m.key for m in given if not _finite(m))
+        self.members = {m.key: m for m in given if _finite(m)}
         self.pool = pool
         self.sharpness = sharpness
         self.local_floor = local_floor
@@ -390,7 +403,10 @@ class FleetModel:
         except np.linalg.LinAlgError:
             theta = np.full(len(b), -1.0)
         if not np.all(theta >= 0):
-            theta = nnls_information(a, b, warm=None if self._full is None else self._full > 0)
+            try:
+                theta = nnls_information(a, b, warm=None if self._full is None else self._full > 0)
+            except (ValueError, np.linalg.LinAlgError):
+                theta = self._beta0.copy()
         return theta if _valid(theta, len(self._beta0)) else self._beta0.copy()
 
     def fit_alpha(self, multipliers: Mapping[str, float] | None = None) -> FloatArray:

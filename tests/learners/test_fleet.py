@@ -197,3 +197,18 @@ def test_vectorised_fits_equal_the_plain_sums(learned) -> None:
     np.testing.assert_array_equal(fm._similarity_matrix(), plain)
     other = {**descs[0], "gpu": "H200", "tp": 8}
     np.testing.assert_array_equal(fm._similarities(other), [fm.similarity(other, y) for y in descs])
+
+
+def test_bad_statistics_never_make_a_bad_vector() -> None:
+    from learners.features import BLIS_DEFAULT_BETA
+
+    desc = {"model": "m", "gpu": "H100", "tp": 1}
+    nan = MemberStats("nan", desc, np.full((11, 11), np.nan), np.full(11, np.nan), 10.0)
+    # information that asks for hugely negative coefficients: NNLS pins them at 0
+    neg = MemberStats("neg", {**desc, "gpu": "A100-80"}, np.eye(11), -1e3 * np.ones(11), 10.0)
+    fm = FleetModel([nan, neg])
+    assert fm.rejected == ("nan",) and list(fm.members) == ["neg"]
+    beta = fm.result().beta
+    validate_for_blis(fm.result().alpha, beta)
+    # nothing but zeros could fit "neg": BLIS would refuse all zeros, so the defaults stand
+    assert beta == tuple(BLIS_DEFAULT_BETA)
