@@ -35,6 +35,7 @@ Library use::
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import sys
 import tempfile
@@ -47,6 +48,7 @@ from typing import Any
 import numpy as np
 import structlog
 
+from learners.evaluation import regime_error
 from simfleet import (
     BLIS_ALPHA,
     BLIS_BETA,
@@ -106,6 +108,22 @@ class Pulled:
     unidentified: tuple[str, ...]
     learn_wall_s: float
     snapshot: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: (version, wall_ns, alpha, beta) of every version still retained, oldest first
+    history: list[tuple[int, int, tuple[float, ...], tuple[float, ...]]] = field(
+        default_factory=list, repr=False
+    )
+
+    @property
+    def estimated_std(self) -> dict[str, float]:
+        """The daemon's own estimate of its error per regime (snapshot)."""
+        return dict(self.snapshot.get("step_time_rel_std") or {})
+
+    def steady_versions(self) -> list[tuple[int, int, tuple[float, ...], tuple[float, ...]]]:
+        """Versions published in the second half of the learning run (wall clock)."""
+        if not self.history:
+            return []
+        mid = (self.history[0][1] + self.history[-1][1]) / 2
+        return [h for h in self.history if h[1] >= mid]
 
 
 @dataclass
@@ -124,12 +142,25 @@ class LoadResult:
 
 
 @dataclass
+class VersionChange:
+    """How much published versions moved in steady state (second half of learning)."""
+
+    versions: int  # published in the second half
+    distinct: int  # of which with numbers of their own (the rest are heartbeats)
+    max_step_time_change: float  # consecutive versions, fixed regime batches
+    e2e_change: float  # closed loop mean E2E, first vs last of them, medium load
+
+
+@dataclass
 class SeedResult:
     seed: int
     capacity_per_s: float
     truth: Coefficients
     pulled: dict[str, Pulled]
     loads: list[LoadResult]
+    #: sampling name → regime → |predicted − true| / true step time (noiseless truth)
+    regime_error: dict[str, dict[str, float]] = field(default_factory=dict)
+    versions: dict[str, VersionChange] = field(default_factory=dict)
 
 
 @dataclass
@@ -291,9 +322,17 @@ def learn(
             )  # fmt: skip
             server = f"http://127.0.0.1:{app.http_port}"
             body = _settled_pull(app, server, pull)
+            snap = decode_snapshot(body)
+            history = []
+            for v in range(1, snap.version + 1):
+                try:
+                    text = pull(_pull_args(server, v))
+                except Exception:  # pruned (publish.retention)
+                    continue
+                h = decode_snapshot(text.encode())
+                history.append((h.version, h.wall_ns, tuple(h.alpha), tuple(h.beta)))
         finally:
             app.stop()
-    snap = decode_snapshot(body)
     doc = orjson.loads(body)
     return Pulled(
         alpha=tuple(snap.alpha),
@@ -303,15 +342,21 @@ def learn(
         unidentified=tuple(snap.unidentified),
         learn_wall_s=time.perf_counter() - t0,
         snapshot=doc,
+        history=history,
+    )
+
+
+def _pull_args(server: str, version: int | None = None) -> argparse.Namespace:
+    """What ``coeffd pull --server S [--version V] --format json`` parses to."""
+    return argparse.Namespace(
+        server=server, config=None, version=version, format="json", defaults=None, timeout=30.0
     )
 
 
 def _settled_pull(app: Any, server: str, pull: Any) -> bytes:
     """Wait until the daemon has learned what it received and published it, then pull."""
     app.pipeline.wait_idle(600.0)
-    args = argparse.Namespace(
-        server=server, config=None, version=None, format="json", defaults=None, timeout=30.0
-    )
+    args = _pull_args(server)
     last, stable_since = "", time.monotonic()
     deadline = time.monotonic() + 120.0
     while time.monotonic() < deadline:
@@ -410,8 +455,60 @@ def run(
             )
             load_results.append(lr)
             say(_load_line(lr))
-        out.append(SeedResult(seed, cap, truth, pulled, load_results))
+        sr = SeedResult(seed, cap, truth, pulled, load_results)
+        terms = regime_terms(base)
+        mix = np.vstack(list(terms.values()))
+        medium = sorted(load_map.values())[len(load_map) // 2] * cap
+        for name, p in pulled.items():
+            sr.regime_error[name] = regime_error(terms, p.beta, truth.beta)
+            sr.versions[name] = _version_change(base, p, mix, medium, serve_s, seed + 10_000)
+            say(_quality_line(name, sr.regime_error[name], p, sr.versions[name]))
+        out.append(sr)
     return ClosedLoopResult(scenario, async_scheduling, duration_s, serve_s, out)
+
+
+def regime_terms(spec: EngineSpec) -> dict[str, Any]:
+    """BLIS terms of the fixed per-regime batches for ``spec``'s configuration."""
+    from learners.evaluation import regime_batches
+    from learners.features import BlisBasis, load_hardware, load_model
+
+    sc = spec.serving
+    basis = BlisBasis(load_model(sc.model), load_hardware(sc.gpu), tp=sc.tp, dp=sc.dp)
+    batches = regime_batches(sc.max_num_batched_tokens, sc.max_num_seqs)
+    return {r: np.array([basis.terms(b) for b in bs]) for r, bs in batches.items()}
+
+
+def _version_change(
+    spec: EngineSpec, p: Pulled, mix: Any, rate: float, serve_s: float, seed: int
+) -> VersionChange:
+    from daemon.publish.snapshot import step_time_change
+
+    vs = p.steady_versions()
+    distinct = [v for i, v in enumerate(vs) if i == 0 or v[2:] != vs[i - 1][2:]]
+    steps = [step_time_change(a[3], b[3], mix) for a, b in itertools.pairwise(vs)]
+    e2e = 0.0
+    if len(distinct) > 1:
+        first, last = distinct[0], distinct[-1]
+        r1 = serve(with_coefficients(spec, first[2], first[3], rate), serve_s, seed)
+        r2 = serve(with_coefficients(spec, last[2], last[3], rate), serve_s, seed)
+        keys = sorted(set(r1) & set(r2))
+        e2e = latency(r2, keys).mean_e2e / latency(r1, keys).mean_e2e - 1.0
+    return VersionChange(len(vs), len(distinct), max(steps, default=0.0), e2e)
+
+
+def _quality_line(name: str, err: dict[str, float], p: Pulled, vc: VersionChange) -> str:
+    est = p.estimated_std
+    return (
+        f"    {name}: step-time error vs the noiseless truth per regime "
+        + ", ".join(
+            f"{r} {e * 100:.2f}% (daemon's estimate {est.get(r, math.nan) * 100:.2f}%)"
+            for r, e in err.items()
+        )
+        + f"; steady-state versions {vc.versions} ({vc.distinct} with new numbers): max "
+        f"step-time change {vc.max_step_time_change * 100:.3f}%, closed-loop mean E2E "
+        f"first→last {vc.e2e_change * 100:+.3f}%; estimate "
+        f"{p.snapshot.get('estimate', '')!r}, identification {p.snapshot.get('identification')}"
+    )
 
 
 def _load_line(lr: LoadResult) -> str:
@@ -473,6 +570,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"  [{tag}] {name} {m}: {w * 100:.2f}% below saturation, {sat * 100:.2f}% near "
                 f"saturation (target {target})"
             )
+    for name in ("dense", "default"):
+        err = max((max(s.regime_error[name].values()) for s in res.seeds), default=math.nan)
+        step = max(s.versions[name].max_step_time_change for s in res.seeds)
+        e2e = max(abs(s.versions[name].e2e_change) for s in res.seeds)
+        rows = [
+            (f"{name} worst regime step-time error vs the noiseless truth", err, 0.01),
+            (f"{name} steady-state versions: max predicted step-time change", step, 0.005),
+            (f"{name} steady-state versions: closed-loop mean E2E change", e2e, 0.01),
+        ]
+        for label, value, target in rows:
+            passed = value <= target
+            if name == "dense":
+                ok &= passed
+            tag = ("PASS" if passed else "FAIL") if name == "dense" else "INFO"
+            print(f"  [{tag}] {label}: {value * 100:.3f}% (target ≤ {target:.1%})")
     return 0 if ok else 1
 
 

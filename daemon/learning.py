@@ -117,6 +117,13 @@ class ServeMetrics:
             ["config", "target", "coefficients"],
             registry=registry,
         )
+        self.step_time_std = Gauge(
+            "coeffd_step_time_standard_error_ratio",
+            "Estimated error of the published beta against the noiseless truth: relative "
+            "standard error of its predicted step time on a fixed set of batches per regime.",
+            ["config", "regime"],
+            registry=registry,
+        )
         self.coefficient = Gauge(
             "coeffd_coefficient_value",
             "Published coefficient values (BLIS order and units).",
@@ -368,6 +375,7 @@ def to_snapshot(cs: ConfigSnapshot, version: int, description: dict[str, Any]) -
         drift=drift,
         unidentified=unidentified,
         estimate=v["beta"].estimate if "beta" in v else "",
+        step_time_rel_std=dict(cs.step_time_rel_std),
         identification=dict(sources),
         identify_with={n: TERM_HINTS[n] for n, src in sources.items() if src != "data"},
     )
@@ -811,6 +819,9 @@ class LearningConsumer:
                 s = regimes.get("all")
                 if source in _SOURCES and s and math.isfinite(s.get("mape", math.nan)):
                     self.metrics.mape.labels(cid, target, source).set(s["mape"])
+        for regime, value in cs.step_time_rel_std.items():
+            if math.isfinite(value):
+                self.metrics.step_time_std.labels(cid, regime).set(value)
         for name, vec in cs.vectors.items():
             seen = p.drift_seen.get(name, 0)
             if vec.drift_detections > seen:

@@ -28,7 +28,16 @@ import numpy.typing as npt
 
 from learners.nnls import nnls_information
 
-__all__ = ["REGIMES", "Evaluator", "RollingError", "WindowedRefit", "step_regime"]
+__all__ = [
+    "REGIMES",
+    "Evaluator",
+    "RollingError",
+    "WindowedRefit",
+    "regime_batches",
+    "regime_error",
+    "regime_std",
+    "step_regime",
+]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -58,6 +67,88 @@ def step_regime(
     if decode_tokens / total >= heavy_fraction:
         return "decode_heavy"
     return "mixed"
+
+
+def regime_batches(max_tokens: int = 2048, max_seqs: int = 256) -> dict[str, list[list[Any]]]:
+    """A fixed set of batches per regime (BLIS ``BatchRequest`` lists), for judging a β
+    where it matters rather than on whatever the engine happened to run.
+
+    Deterministic for a token budget and sequence limit: prefill-heavy (one long
+    chunked prefill, or a few short prompts, filling the budget), decode-heavy (8, 32
+    and 128 decodes at 500–3,000 tokens of context), mixed (a prefill chunk beside 16–64
+    decodes), KV-saturated (as many long decodes as fit ~130,000 KV tokens, an 8B model
+    on an 80 GB GPU, with a small prefill chunk).
+
+    >>> b = regime_batches()
+    >>> sorted(b) == sorted(REGIMES), all(len(v) >= 3 for v in b.values())
+    (True, True)
+    """
+    from receivers.observations import BatchRequest as R
+
+    budget = max(64, int(max_tokens))
+    seqs = max(4, int(max_seqs))
+
+    def decodes(n: int, ctx: int) -> list[Any]:
+        return [R(ctx // 2, ctx + 7 * i, 1, 256) for i in range(min(n, seqs))]
+
+    chunk = budget // 2
+    return {
+        "prefill_heavy": [
+            [R(4 * budget, 0, budget, 128)],  # first chunk of a long prompt
+            [R(4 * budget, 2 * budget, budget, 128)],  # a later chunk: more attention
+            [R(budget // 4, 0, budget // 4, 128) for _ in range(4)],  # short prompts
+        ],
+        "decode_heavy": [decodes(8, 500), decodes(32, 1500), decodes(128, 3000)],
+        "mixed": [
+            [R(2000, 0, chunk, 200), *decodes(16, 800)],
+            [R(6000, 2000, chunk, 200), *decodes(64, 1500)],
+            [R(chunk, 0, chunk, 200), R(chunk, 0, chunk // 2, 200), *decodes(32, 1000)],
+        ],
+        "kv_saturated": [
+            decodes(96, 1300),
+            decodes(64, 2000),
+            [R(budget, 0, 256, 100), *decodes(120, 1000)],
+        ],
+    }
+
+
+def regime_error(
+    terms: Mapping[str, FloatArray], beta: Sequence[float], truth: Sequence[float]
+) -> dict[str, float]:
+    """Mean ``|x·β − x·β_true| / x·β_true`` over each regime's batch terms ``x`` (rows):
+    the error of a coefficient vector against the noiseless truth, per regime.
+
+    >>> import numpy as np
+    >>> t = {"mixed": np.array([[1.0, 1.0], [2.0, 0.0]])}
+    >>> regime_error(t, [1.1, 1.0], [1.0, 1.0])["mixed"]  # doctest: +ELLIPSIS
+    0.075...
+    """
+    b = np.asarray(beta, dtype=float)
+    tb = np.asarray(truth, dtype=float)
+    out = {}
+    for regime, x in terms.items():
+        ref = x @ tb
+        out[regime] = float(np.mean(np.abs(x @ b - ref) / ref))
+    return out
+
+
+def regime_std(
+    terms: Mapping[str, FloatArray], beta: Sequence[float], covariance: FloatArray
+) -> dict[str, float]:
+    """Mean relative standard error ``√(xᵀΣx) / x·β`` of the predicted step time over each
+    regime's batches: the learner's own estimate of its error against the noiseless
+    truth (``Σ``: the posterior covariance of β).
+
+    >>> import numpy as np
+    >>> regime_std({"mixed": np.array([[1.0, 0.0]])}, [2.0, 1.0], np.eye(2) * 0.01)
+    {'mixed': 0.05}
+    """
+    b = np.asarray(beta, dtype=float)
+    out = {}
+    for regime, x in terms.items():
+        var = np.einsum("ij,jk,ik->i", x, covariance, x)
+        out[regime] = float(np.mean(np.sqrt(np.maximum(var, 0.0)) / np.maximum(x @ b, 1e-300)))
+    return out
 
 
 class _Ring:

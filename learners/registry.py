@@ -38,7 +38,13 @@ import structlog
 
 from learners.config import LearnersConfig
 from learners.drift import DriftMonitor
-from learners.evaluation import Evaluator, WindowedRefit, step_regime
+from learners.evaluation import (
+    Evaluator,
+    WindowedRefit,
+    regime_batches,
+    regime_std,
+    step_regime,
+)
 from learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA, TERM_NAMES, BlisBasis
 from learners.features.config import BasisResolver, ServingConfig
 from learners.features.extended import EXTENDED_NAMES, extended_terms
@@ -136,6 +142,9 @@ class ConfigSnapshot:
     errors: dict[str, Any] = field(default_factory=dict)
     #: the last step feature rows learned (≤ ``RECENT_ROWS`` × 11), or None
     recent_terms: FloatArray | None = None
+    #: per regime: the published β's estimated relative standard error of the predicted
+    #: step time on a fixed set of batches (learners.evaluation.regime_batches)
+    step_time_rel_std: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -169,6 +178,7 @@ class LearnerSet:
         self._steady_state: dict[str, Any] = {}  # restored before the learners exist
         self._recent = np.zeros((RECENT_ROWS, len(TERM_NAMES)))
         self._recent_n = 0
+        self._regime_terms: dict[str, FloatArray] | None = None
         ev = settings.evaluation
         self.baseline = WindowedRefit(
             ev.baseline_window, ev.baseline_refit_every, len(TERM_NAMES), initial=BLIS_DEFAULT_BETA
@@ -287,6 +297,35 @@ class LearnerSet:
             if self._steady_state:
                 self._steady.load_state(self._steady_state)
         return self._steady
+
+    def regime_terms(self) -> dict[str, FloatArray]:
+        """Basis terms of the fixed per-regime batches for this configuration (cached)."""
+        if self._regime_terms is None:
+            if self.basis is None:
+                return {}
+            c = self.config
+            batches = regime_batches(c.max_num_batched_tokens or 2048, c.max_num_seqs or 256)
+            self._regime_terms = {
+                r: np.array([self.basis.terms(b) for b in bs]) for r, bs in batches.items()
+            }
+        return self._regime_terms
+
+    def step_time_rel_std(self, beta: Sequence[float]) -> dict[str, float]:
+        """:func:`learners.evaluation.regime_std` of the published β learner (µs-free)."""
+        m = self.learners.get("beta")
+        if m is None or not self.regime_terms():
+            return {}
+        if self.settings.steady and "beta_steady" in self.learners:
+            m = self.steady().published
+        sigma = m.residual_scale
+        if sigma is None:
+            return {}
+        a, _ = m.information()
+        try:
+            cov = np.asarray(sigma * sigma * np.linalg.inv(a), dtype=np.float64)
+        except np.linalg.LinAlgError:
+            return {}
+        return regime_std(self.regime_terms(), beta, cov)
 
     def recent_terms(self) -> FloatArray | None:
         """The step feature rows learned last (a copy), None before any."""
@@ -747,6 +786,7 @@ class LearnerRegistry:
             prior_sources=ls.prior_sources,
             errors=errors,
             recent_terms=ls.recent_terms(),
+            step_time_rel_std=ls.step_time_rel_std(beta) if "beta" in vectors else {},
         )
 
     # -------------------------------------------------------------- bounds / checkpoints

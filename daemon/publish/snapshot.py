@@ -156,6 +156,9 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     identification: dict[str, str] = msgspec.field(default_factory=dict)
     #: for every term not from ``data``: the batches or configurations that would identify it
     identify_with: dict[str, str] = msgspec.field(default_factory=dict)
+    #: per regime: estimated relative standard error of the step time β predicts on a
+    #: fixed set of batches (``learners.evaluation.regime_batches``)
+    step_time_rel_std: dict[str, float] = msgspec.field(default_factory=dict)
 
     @property
     def config_id(self) -> str:

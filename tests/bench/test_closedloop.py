@@ -7,7 +7,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from bench.closedloop import DENSE_RATES, engine_spec, latency, run, serve, with_coefficients
+from bench.closedloop import (
+    DENSE_RATES,
+    engine_spec,
+    latency,
+    regime_terms,
+    run,
+    serve,
+    with_coefficients,
+)
+from learners.evaluation import REGIMES, regime_error
+from simfleet import BLIS_BETA
 
 
 def test_same_coefficients_same_latencies_and_slower_physics_slower_requests() -> None:
@@ -46,3 +56,13 @@ def test_pulled_coefficients_judged_against_truth_and_blis_defaults() -> None:
         assert abs(lr.diffs["dense"][m]) < abs(lr.diffs["blis_default"][m]), (m, lr.diffs)
     assert res.worst("dense", "mean_e2e", ("low",)) == abs(lr.diffs["dense"]["mean_e2e"])
     assert replace(lr.truth, requests=0).requests == 0  # frozen record, copyable
+    # error against the noiseless truth on the fixed regime batches: below BLIS's
+    # defaults' in every regime, and the daemon publishes its own estimate of it
+    err = seed.regime_error["dense"]
+    blis = regime_error(regime_terms(engine_spec("dense")), BLIS_BETA, seed.truth.beta)
+    assert set(err) == set(REGIMES) and all(err[r] < blis[r] for r in REGIMES), (err, blis)
+    assert set(pulled.estimated_std) == set(REGIMES)
+    assert all(0 < v < 1 for v in pulled.estimated_std.values())
+    assert pulled.snapshot["estimate"] in ("steady", "tracking")
+    assert pulled.snapshot["identification"]["T_tp_comm"] == "prior"  # zero at TP 1
+    assert seed.versions["dense"].versions >= 1
