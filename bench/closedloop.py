@@ -63,6 +63,7 @@ from simfleet import (
 from simfleet import (
     run as simulate,
 )
+from simfleet.run import config_id, resource_attributes
 from simfleet.scenarios import true_coefficients
 
 DEFAULT_RATES = SampleRates(1.0, 0.01, 0.001, 100)  # vLLM's defaults (spec §3)
@@ -321,12 +322,13 @@ def learn(
                 otlp_endpoint=f"127.0.0.1:{app.grpc_port}", drain_s=5.0,
             )  # fmt: skip
             server = f"http://127.0.0.1:{app.http_port}"
-            body = _settled_pull(app, server, pull)
+            cid = config_id(resource_attributes(spec, "engine_core", 0))
+            body = _settled_pull(app, server, cid, pull)
             snap = decode_snapshot(body)
             history = []
             for v in range(1, snap.version + 1):
                 try:
-                    text = pull(_pull_args(server, v))
+                    text = pull(_pull_args(server, cid, v))
                 except Exception:  # pruned (publish.retention)
                     continue
                 h = decode_snapshot(text.encode())
@@ -346,17 +348,17 @@ def learn(
     )
 
 
-def _pull_args(server: str, version: int | None = None) -> argparse.Namespace:
-    """What ``coeffd pull --server S [--version V] --format json`` parses to."""
+def _pull_args(server: str, config: str, version: int | None = None) -> argparse.Namespace:
+    """What ``coeffd pull --server S --config C [--version V] --format json`` parses to."""
     return argparse.Namespace(
-        server=server, config=None, version=version, format="json", defaults=None, timeout=30.0
+        server=server, config=config, version=version, format="json", defaults=None, timeout=30.0
     )
 
 
-def _settled_pull(app: Any, server: str, pull: Any) -> bytes:
+def _settled_pull(app: Any, server: str, cid: str, pull: Any) -> bytes:
     """Wait until the daemon has learned what it received and published it, then pull."""
     app.pipeline.wait_idle(600.0)
-    args = _pull_args(server)
+    args = _pull_args(server, cid)
     last, stable_since = "", time.monotonic()
     deadline = time.monotonic() + 120.0
     while time.monotonic() < deadline:

@@ -7,6 +7,7 @@ per target, each created when its first observation arrives:
 learner                     regression                                      BLIS vector
 ==========================  ==============================================  =================
 ``beta``                    step period on the 11 BLIS terms (§5.3)         ``beta_coeffs``
+``beta_steady``             the same, long memory (published when steady)   ``beta_coeffs``
 ``beta_extended``           step period on BLIS terms + extended features   (diagnostic)
 ``arrival_to_queued``       arrival→queued on an intercept                  ``alpha[0]``
 ``finished_to_departed``    finished→departed on an intercept               ``alpha[1]``
@@ -548,7 +549,8 @@ class LearnerSet:
         if blis and not _publishable(values, len(m.features)):
             _log.warning("invalid_vector_replaced_by_prior", config=self.config.id, vector=name)
             values = np.maximum(np.nan_to_num(prior, nan=0.0, posinf=0.0), 0.0)
-        target = {"beta": "step_period", "beta_extended": "step_period"}.get(name, name)
+        target = {"beta": "step_period", "beta_steady": "step_period"}.get(name, name)
+        target = "step_period" if name == "beta_extended" else target
         source = "learned_extended" if name == "beta_extended" else "learned"
         mape = rmse = math.nan
         if evaluator is not None:
