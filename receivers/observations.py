@@ -20,6 +20,9 @@ class PeriodMethod(enum.StrEnum):
     CONSECUTIVE_SUMMARIES = "consecutive_summaries"  # S(N+1) - S(N), exact
     JOURNEY_ANCHORS = "journey_anchors"  # same-type journey anchors around the step
     COMPLETION_ANCHORS = "completion_anchors"  # async: C(N) - C(N-1)
+    #: unsampled steps between two journey-pinned starts: the sum of their periods
+    #: (``StepObservation.more_batches``; receivers/joiner/pinned.py)
+    JOURNEY_SPAN = "journey_span"
 
 
 class Composition(enum.StrEnum):
@@ -94,6 +97,10 @@ class StepObservation(msgspec.Struct, frozen=True, gc=False):
     # Added by the joiner (additive): the raw loop period S(N+1) - S(N) when the next step
     # also has a summary, whatever the attribution (== period_us in sync mode).
     loop_period_us: float | None = None
+    #: Added for journey-pinned spans (additive): the batches of steps ``step + 1 …`` whose
+    #: periods ``period_us`` also covers (it is the sum over ``requests`` and these);
+    #: empty for a one-step observation.
+    more_batches: tuple[tuple[BatchRequest, ...], ...] = ()
 
 
 class QueueState(msgspec.Struct, frozen=True, gc=False):

@@ -79,6 +79,9 @@ def extended_terms(
     obs: StepObservation, basis: BlisBasis, config: ServingConfig
 ) -> npt.NDArray[np.float64]:
     """The :data:`EXTENDED_NAMES` columns of one step (see module docs)."""
+    if obs.more_batches:
+        # state columns of one step do not add up over a span: no extended row
+        return np.full(N_EXTENDED, np.nan)
     agg = obs.aggregates
     out = np.zeros(N_EXTENDED)
     out[0] = agg.kv_usage_gpu_ratio

@@ -50,7 +50,12 @@ def step_features(
     decode context from KV blocks in use × ``block_size`` unless ``context_tokens`` is given.
     """
     if obs.requests and obs.composition is not Composition.AGGREGATES:
-        return basis.fast_terms(obs.requests)
+        x = basis.fast_terms(obs.requests)
+        # a journey-pinned span: its period is the sum of its batches' periods, and the
+        # step time is linear in the terms, so the terms add up too
+        for batch in obs.more_batches:
+            x = x + basis.fast_terms(batch)
+        return x
     return basis.terms_from_aggregates(
         obs.aggregates, context_tokens=context_tokens, block_size=block_size
     )

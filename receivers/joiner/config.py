@@ -92,6 +92,18 @@ class JoinerConfig(BaseModel):
         "next schedule() (output processing, input drain) varies from step to step, so even "
         "exact schedule starts bound the batch's own time only to this.",
     )
+    max_span_steps: int = Field(
+        default=32,
+        ge=1,
+        description="Longest run of unsampled steps between two journey-pinned schedule "
+        "starts that becomes one observation (the sum of their periods).",
+    )
+    loop_wait_max_uncertainty_us: float = Field(
+        default=1000.0,
+        gt=0,
+        description="A request's loop wait (removed from arrival→queued for α0) is left "
+        "unknown when the schedule start before its QUEUED is pinned less tightly than this.",
+    )
     anchor_priors: AnchorPriors = Field(default_factory=AnchorPriors)
     min_calibration: int = Field(
         default=8,

@@ -24,12 +24,14 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
 import structlog
 
 from receivers.joiner import intervals as iv
+from receivers.joiner import pinned
 from receivers.joiner.composition import Life, aggregates_of, from_lives, from_snapshots
 from receivers.joiner.config import JoinerConfig
 from receivers.observations import (
@@ -38,6 +40,8 @@ from receivers.observations import (
     KVTransferObservation,
     PeriodMethod,
     QueueState,
+    RequestObservation,
+    StepAggregates,
     StepObservation,
 )
 from receivers.records import BatchSummary, JourneyEvent, JourneyKind, RequestSnapshot, Source
@@ -66,6 +70,32 @@ class _Calibration:
         default_factory=lambda: [deque(maxlen=_CAL_KEEP) for _ in range(3)]
     )
     seen: set[tuple[int, int]] = field(default_factory=set)  # (type, step) already added
+    added: list[int] = field(default_factory=lambda: [0, 0, 0])  # deltas ever added
+    # (added count, mean, variance) per type, recomputed when ``added`` moved on
+    stats: list[tuple[int, float, float]] = field(default_factory=lambda: [(0, 0.0, 0.0)] * 3)
+
+    def mean_var(self, typ: int, min_samples: int) -> tuple[float, float] | None:
+        """Mean and variance of the observed ``S(n) - t`` of one anchor type (ns)."""
+        d = self.deltas[typ]
+        if len(d) < min_samples:
+            return None
+        k, mean, var = self.stats[typ]
+        if k != self.added[typ]:
+            # fsum: exactly rounded whatever the order the deltas arrived in (live = replay)
+            mean = math.fsum(d) / len(d)
+            var = math.fsum((x - mean) ** 2 for x in d) / len(d)
+            self.stats[typ] = (self.added[typ], mean, var)
+        return mean, var
+
+
+@dataclass(slots=True)
+class LoopWait:
+    """A request observation waiting for the data that explains its QUEUED wait."""
+
+    deadline_wall: int
+    obs: RequestObservation
+    queued_mono_ns: int
+    queued_step: int
 
 
 def parse_async_attr(value: object) -> bool | None:
@@ -141,6 +171,15 @@ class EngineState:
         self.ambiguous = False
         self.max_start_ns = 0
         self.step_at_max_start = 0
+        # journey-pinned steps (module :mod:`.pinned`): the last summary whose running
+        # queue the known lives explain (a segment starts there), and its wall time
+        self.bracket: int | None = None
+        self.bracket_wall = 0
+        self.used: set[int] = set()  # batches already observed through their summary
+        self.prefix_cache_off = parse_async_attr(source.get("coeffd.prefix_caching")) is False
+        self.loop_waits: deque[LoopWait] = deque()
+        self.loop_waits_late: list[tuple[int, int, LoopWait]] = []
+        self._lw_seq = 0
 
     # ------------------------------------------------------------------ ingest
 
@@ -276,54 +315,101 @@ class EngineState:
 
     # ------------------------------------------------------------ loop wait
 
-    def _latest_evidence(self, step: int, before_ns: int) -> tuple[int, int] | None:
-        """Latest (mono ns, step ≤ ``step``) at which the loop is known to have been
-        iterating, strictly before ``before_ns``; looks back at most 256 steps."""
-        summaries = self.summaries
-        for m in range(step, max(step - 256, self.horizon - 1), -1):
-            best = -1
-            s = summaries.get(m)
-            if s is not None and s.start_mono_ns < before_ns:
-                best = s.start_mono_ns
-            for d in self.anchors:
-                for t in d.get(m, ()):
-                    if best < t < before_ns:
-                        best = t
-            if best >= 0:
-                return best, m
-        return None
-
-    def _typical_period(self) -> float:
-        """Median of the recent loop periods (ns)."""
-        recent = self.recent_periods
-        return sorted(recent)[len(recent) // 2]
-
-    def loop_wait_ns(self, queued_mono_ns: int, queued_step: int) -> float | None:
-        """Expected time a request waited for the loop boundary at which it got QUEUED.
+    def loop_wait(self, queued_mono_ns: int, queued_step: int) -> tuple[float | None, str]:
+        """Expected time a request waited for the loop boundary at which it got QUEUED (ns),
+        and how that was decided (``busy``, ``idle`` or why it is unknown).
 
         vLLM drains its input queue only between busy-loop iterations (spec pitfall 9),
-        so arrival→QUEUED = API overhead (BLIS's α0) + this wait; BLIS models the wait
-        itself (a request enqueued at t_a + α0 waits for the running step). On a busy
-        engine a delivery lands uniformly in time, so the wait is the length-biased mean
-        residual of the iteration period, E[P²]/(2E[P]) (renewal theory); on an idle
-        engine the loop wakes at once and the wait is ~0. Idle means: the latest step the
-        loop was seen at lies further back than its step count explains. None before
-        enough periods are known.
+        so arrival→QUEUED = API overhead (BLIS's α0) + this wait, which BLIS simulates
+        itself. A request QUEUED at step ``q`` was delivered during the iteration between
+        the drains before ``S(q)`` and ``S(q+1)``; deliveries do not depend on the loop,
+        so given that iteration its delivery is uniform within it and the expected wait
+        is half the time from the previous drain to its QUEUED. That needs no step
+        summary: the previous drain is ``S(q)`` (pinned by any journey anchor of step
+        ``q``) less the calibrated QUEUED offset. The iteration is a busy one when another
+        request scheduled by step ``q`` was still running at ``q + 1`` (the loop had work
+        and never blocked); with no request at step ``q`` the loop was blocked on its
+        input and woke for this one (wait 0); a loop running its last requests out may
+        have blocked part-way, which is left unknown (``draining``).
+
+        Called once the engine's data clock is a window past the QUEUED, so the answer
+        depends on the data, not on when it arrived (live = replay).
         """
-        recent = self.recent_periods
-        if len(recent) < 8:
+        q = queued_step
+        if q <= 0:
+            return 0.0, "idle"
+        lives = self.lives.get(q >> _BUCKET_BITS, ())
+        if not any(life.first <= q < life.last for life in lives):
+            if any(life.first <= q <= life.last for life in lives):
+                return None, "draining"
+            return 0.0, "idle"
+        mode = self.mode()
+        if mode is None:
+            return None, "mode_unknown"
+        p = self.point(q, 1 if mode else 0) or self._interpolate(q, 1 if mode else 0)
+        if p is None:
+            return None, "unpinned"
+        if p.half_ns > self.cfg.loop_wait_max_uncertainty_us * 1e3:
+            return None, "uncertain"
+        dq = self.cal.mean_var(QUEUED, self.cfg.min_calibration)
+        if dq is None:
+            return None, "uncalibrated"
+        span = queued_mono_ns - (p.t_ns - dq[0])
+        if span <= 0:
+            return None, "inconsistent_anchors"
+        return span / 2.0, "busy"
+
+    def _interpolate(self, n: int, a: int) -> pinned.Pin | None:
+        """``S(n)`` between the nearest pinned starts around it, when every step between
+        is a decode step of the known requests (consecutive decode steps of one batch
+        differ by a request or a few context tokens, so equal spacing is close, and its
+        errors have no sign). The half-width grows with the distance to the pins."""
+        limit = self.cfg.max_span_steps
+        lo = next((p for m in range(n - 1, n - limit, -1) if (p := self.point(m, a))), None)
+        if lo is None:
             return None
-        m1 = sum(recent) / len(recent)
-        m2 = sum(p * p for p in recent) / len(recent)
-        residual = m2 / (2.0 * m1)
-        # Other requests drained at the same boundary are no evidence of a busy loop.
-        ev = self._latest_evidence(queued_step, queued_mono_ns - 500_000)
-        if ev is None:
-            return residual  # nothing seen for 256 steps before: a loaded engine
-        t, m = ev
-        typical = self._typical_period()
-        busy = queued_mono_ns - t <= 2.0 * (queued_step - m + 2) * typical
-        return residual if busy else 0.0
+        hi = next((p for m in range(n + 1, lo.step + limit) if (p := self.point(m, a))), None)
+        if hi is None or hi.t_ns <= lo.t_ns:
+            return None
+        for m in range(lo.step - a, hi.step - a):
+            for life in self.lives.get(m >> _BUCKET_BITS, ()):
+                if life.first <= m <= (life.first_token if life.first_token is not None else m):
+                    return None  # a prefill between: steps of unequal length
+        frac = (n - lo.step) / (hi.step - lo.step)
+        gap = hi.t_ns - lo.t_ns
+        half = lo.half_ns + frac * (hi.half_ns - lo.half_ns) + 0.02 * gap / (hi.step - lo.step)
+        return pinned.Pin(n, lo.t_ns + frac * gap, half)
+
+    def defer_loop_wait(self, item: LoopWait) -> LoopWait | None:
+        """Hold a request observation until its loop wait can be decided; returns the
+        oldest held one when over ``cap`` (to be emitted without it)."""
+        lw = self.loop_waits
+        if not lw or lw[-1].deadline_wall <= item.deadline_wall:
+            lw.append(item)
+        else:
+            self._lw_seq += 1
+            heapq.heappush(self.loop_waits_late, (item.deadline_wall, self._lw_seq, item))
+        if len(lw) + len(self.loop_waits_late) > self.cfg.max_requests:
+            return self._pop_loop_wait()
+        return None
+
+    def _pop_loop_wait(self) -> LoopWait:
+        late = self.loop_waits_late
+        if late and (not self.loop_waits or late[0][0] < self.loop_waits[0].deadline_wall):
+            return heapq.heappop(late)[2]
+        return self.loop_waits.popleft()
+
+    def due_loop_waits(self, now_wall: int | None) -> list[LoopWait]:
+        """Held request observations whose window has passed (all of them if None)."""
+        out: list[LoopWait] = []
+        while self.loop_waits or self.loop_waits_late:
+            nxt = self.loop_waits[0].deadline_wall if self.loop_waits else None
+            if self.loop_waits_late and (nxt is None or self.loop_waits_late[0][0] < nxt):
+                nxt = self.loop_waits_late[0][0]
+            if now_wall is not None and nxt is not None and nxt > now_wall:
+                break
+            out.append(self._pop_loop_wait())
+        return out
 
     # ------------------------------------------------------------ queue state
 
@@ -407,6 +493,7 @@ class EngineState:
             dq = self.cal.deltas[typ]
             for t in ts:
                 dq.append(float(S - t))
+            self.cal.added[typ] += len(ts)
 
     def _bounds(self, typ: int) -> iv.Interval:
         p = self.cfg.anchor_priors
@@ -441,6 +528,147 @@ class EngineState:
                 parts.extend(iv.shifted(ts, self._bounds(typ)))
                 types.add(typ)
         return iv.intersect(parts), frozenset(types)
+
+    def _typical_period(self) -> float:
+        """Median of the recent loop periods (ns)."""
+        recent = self.recent_periods
+        return sorted(recent)[len(recent) // 2]
+
+    def point(self, n: int, a: int) -> pinned.Pin | None:
+        """Point estimate of ``S(n)`` (exact from a summary, else the calibrated mean
+        offsets of its anchors, weighted by their spread) and the half-width of its
+        bounds; None when no calibrated anchor pins it or the anchors disagree.
+
+        Means rather than the middle of the bounds: an anchor's offset sits near one end
+        of its range (SCHEDULED just after ``S``), and a period is the difference of two
+        starts pinned by different anchor types, so midpoints would bias it.
+        """
+        s = self.summaries.get(n)
+        if s is not None:
+            return pinned.Pin(n, float(s.start_mono_ns), 0.0)
+        bounds, _ = self.pin(n, a)
+        if bounds is None or bounds[0] > bounds[1]:
+            return None
+        num: list[float] = []
+        den: list[float] = []
+        for typ, step in ((SCHED, n), (QUEUED, n - 1), (COMPL, n - 1 - a)):
+            ts = self.anchors[typ].get(step)
+            if not ts:
+                continue
+            mv = self.cal.mean_var(typ, self.cfg.min_calibration)
+            if mv is None:
+                continue
+            w = 1.0 / (mv[1] + 1e6)  # + (1 µs)²: equal weights when spreads are nil
+            for t in ts:
+                num.append(w * (t + mv[0]))
+                den.append(w)
+        if not den:
+            return None
+        # fsum: anchors arrive in any order, the estimate must not depend on it
+        est = min(max(math.fsum(num) / math.fsum(den), bounds[0]), bounds[1])
+        return pinned.Pin(n, est, (bounds[1] - bounds[0]) / 2.0)
+
+    def lives_at(self, n: int) -> list[Life]:
+        """Known lives of requests in the running queue at step ``n``."""
+        return [
+            life for life in self.lives.get(n >> _BUCKET_BITS, ()) if life.first <= n <= life.last
+        ]
+
+    def journey_spans(self, n: int) -> tuple[list[StepObservation], dict[str, int]]:
+        """Period observations of the steps between the previous bracketing summary and
+        summary ``n`` (see :mod:`.pinned`); the steps dropped, by reason."""
+        s = self.summaries.get(n)
+        mode = self.mode()
+        if s is None or self.ambiguous or mode is None:
+            return [], {}
+        complete = len(self.lives_at(n)) == s.running_depth
+        prev, self.bracket = self.bracket, (n if complete else None)
+        self.bracket_wall = s.wall_ns
+        if prev is None or prev >= n or prev not in self.summaries:
+            return [], {}
+        if not complete:
+            return [], {"incomplete": n - prev - 1}
+        a = 1 if mode else 0
+        batches: dict[int, tuple[BatchRequest, ...] | str] = {}
+        for b in range(prev, n + 1):
+            if b in self.used:
+                batches[b] = "summary"
+            elif b in self.summaries:
+                sb = self.summaries[b]
+                comp, reqs = self._composition(b, sb)
+                if sb.scheduled_tokens == 0:
+                    batches[b] = "idle"  # 1 ms sleep or the hand-off before idling
+                else:
+                    batches[b] = reqs if comp is not Composition.AGGREGATES else "aggregates"
+            else:
+                batches[b] = pinned.batch_at(self.lives_at(b), b, self.prefix_cache_off)
+        pins = [p for m in range(prev + a, n + a + 2) if (p := self.point(m, a)) is not None]
+        spans, why = pinned.spans(pins, batches, a, self.cfg.max_span_steps)
+        why.pop("summary", None)
+        out: list[StepObservation] = []
+        for sp in spans:
+            reason = self._check_span(sp)
+            if reason:
+                why[reason] = why.get(reason, 0) + len(sp.batches)
+                continue
+            out.append(self._span_observation(sp, s, mode))
+        return out, why
+
+    def _check_span(self, sp: pinned.Span) -> str:
+        k = len(sp.batches)
+        if sp.period_ns <= 0:
+            return "non_positive"
+        if sp.period_ns > self.cfg.max_period_ms * 1e6 * k:
+            return "idle_gap"
+        recent = self.recent_periods
+        if (
+            len(recent) >= 16
+            and sp.period_ns > self.cfg.outlier_factor * k * self._typical_period()
+        ):
+            return "outlier_gap"
+        if sp.half_ns > self.cfg.max_uncertainty_fraction * sp.period_ns:
+            return "uncertain"
+        return ""
+
+    def _span_observation(
+        self, sp: pinned.Span, bracket: BatchSummary, mode: bool
+    ) -> StepObservation:
+        reqs = [r for b in sp.batches for r in b]
+        pf = [r for r in reqs if r.progress < r.input_len]
+        pf_tok = sum(r.new_tokens for r in pf)
+        k = len(sp.batches)
+        agg = StepAggregates(
+            num_prefill_reqs=len(pf),
+            prefill_tokens=pf_tok,
+            num_decode_reqs=len(reqs) - len(pf),
+            decode_tokens=len(reqs) - len(pf),
+            scheduled_tokens=sum(r.new_tokens for r in reqs),
+            running_depth=max(len(b) for b in sp.batches),
+            waiting_depth=bracket.waiting_depth,
+            num_preempted=0,
+            num_finished=0,
+            kv_usage_gpu_ratio=bracket.kv_usage_gpu_ratio,
+            kv_blocks_total_gpu=bracket.kv_blocks_total_gpu,
+            kv_blocks_free_gpu=bracket.kv_blocks_free_gpu,
+        )
+        if k == 1:
+            self.recent_periods.append(sp.period_ns)
+        return StepObservation(
+            source=self.source,
+            step=sp.first,
+            start_mono_ns=int(sp.start.t_ns),
+            period_us=sp.period_ns / 1e3,
+            period_method=PeriodMethod.JOURNEY_SPAN,
+            # the CPU between a batch and the next schedule() varies per step and need
+            # not average out (it is the loop's, not the batch's): k jitters, not √k
+            period_uncertainty_us=(sp.half_ns + self.cfg.loop_jitter_us * 1e3 * k) / 1e3,
+            scheduler_duration_us=0,
+            composition=Composition.JOURNEYS,
+            requests=sp.batches[0],
+            aggregates=agg,
+            async_scheduling=mode,
+            more_batches=sp.batches[1:],
+        )
 
     def _close_step(self, n: int) -> None:
         """What finalizing step ``n`` always does, built or shed: mark it, vote on the
@@ -508,6 +736,7 @@ class EngineState:
         else:
             method = PeriodMethod.JOURNEY_ANCHORS
         recent.append(mid_ns)
+        self.used.add(n)
         loop_us = (nxt_s.start_mono_ns - s.start_mono_ns) / 1e3 if nxt_s is not None else None
         comp, reqs = self._composition(n, s)
         obs = StepObservation(
@@ -606,6 +835,10 @@ class EngineState:
             if self._tail_step - 2 > h:
                 h = self._tail_step - 2
             self._tail_end = 0
+        if self.bracket is not None and self.bracket_wall >= limit - self.window_ns:
+            # the segment after the last bracketing summary is built when the next one
+            # is due: keep its steps (at most one more window)
+            h = min(h, self.bracket - 2)
         if h > self.horizon:
             self.horizon = h
             # purging walks every step-indexed dict: do it in strides, not on every step
@@ -630,6 +863,7 @@ class EngineState:
         # and finds nothing to finalize.
         for k in [k for k in self.snapshots if k < h]:
             del self.snapshots[k]
+        self.used = {k for k in self.used if k >= h}
         for a in self.anchors:
             for k in [k for k in a if k < h]:
                 self.n_anchors -= len(a.pop(k))

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from receivers.joiner import kv as kvmod
 from receivers.joiner.config import JoinerConfig
-from receivers.joiner.engine import EngineState
+from receivers.joiner.engine import EngineState, LoopWait
 from receivers.joiner.metrics import JoinerMetrics
 from receivers.joiner.requests import CoreState, EntryKey, RequestEntry, build_observation
 from receivers.observations import KVTransferObservation, Observation
@@ -92,6 +92,7 @@ class Joiner:
         # the span whose events are arriving now (they follow their span record)
         self._cur: tuple[SpanKey, RequestEntry, CoreState | None, EngineState | None] | None = None
         self._pending_cov: list[tuple[EngineState, int, int]] = []
+        self._wait_wm: dict[str, int] = {}  # per engine, the watermark of this sweep
         #: Load shedding (set by the consumer while it sheds): steps for which this is
         #: False are finalized without an observation, counted as outcome ``shed``;
         #: so are summaries the decoder already read partially (``BatchSummary.partial``).
@@ -157,6 +158,9 @@ class Joiner:
                 self._finalize_step(eng, n)
         for key in list(self._requests):
             self._expire_request(key)
+        for eng in self._engines.values():
+            for item in eng.due_loop_waits(None):
+                self._emit_loop_wait(eng, item)
         self._req_heap.clear()
         self._ready.clear()
         self._ready_keys.clear()
@@ -382,6 +386,8 @@ class Joiner:
         mean two live engines behind one identity, whose steps cannot be told apart."""
         for n in eng.drain_all():
             self._finalize_step(eng, n)
+        for item in eng.due_loop_waits(None):
+            self._emit_loop_wait(eng, item)
         sid = eng.source.id
         recent = [t for t in self._restarts.get(sid, []) if t > wall_ns - self._window_ns]
         recent.append(wall_ns)
@@ -486,9 +492,24 @@ class Joiner:
         eng = self._engines.get(src.id)
         q = core.queued
         if eng is not None and q is not None:
-            wait = eng.loop_wait_ns(q.mono_ns, q.step)
-            if wait is not None:
-                obs = msgspec.structs.replace(obs, queued_loop_wait_us=wait / 1e3)
+            # the loop wait is decided a window after the QUEUED (see EngineState.loop_wait)
+            over = eng.defer_loop_wait(
+                LoopWait(q.wall_ns + self._window_ns, obs, q.mono_ns, q.step)
+            )
+            if over is not None:
+                self._emit_loop_wait(eng, over, "capacity")
+            return
+        self._out.append(obs)
+        self.metrics.emitted("request")
+
+    def _emit_loop_wait(self, eng: EngineState, item: LoopWait, forced: str = "") -> None:
+        obs = item.obs
+        wait, how = (
+            (None, forced) if forced else eng.loop_wait(item.queued_mono_ns, item.queued_step)
+        )
+        self.metrics.loop_waits[how] += 1
+        if wait is not None:
+            obs = msgspec.structs.replace(obs, queued_loop_wait_us=wait / 1e3)
         self._out.append(obs)
         self.metrics.emitted("request")
 
@@ -542,6 +563,7 @@ class Joiner:
             # Shed before the join work: pinning and composing a step costs several times
             # what learning it does, so shedding only at the learner saved too little.
             eng.shed(n)
+            eng.bracket = None  # no segment ends at a shed summary: its work is shed too
             self._n_shed += 1  # tallied in bulk (_count_shed): per-step tallies cost 6 %
             return
         res = eng.finalize(n, self._kv_for_step(eng, n) if self._kv_steps else ())
@@ -550,6 +572,13 @@ class Joiner:
             self.metrics.emitted("step")
         else:
             self.metrics.outcome("step", res.outcome, res.reason)
+        spans, why = eng.journey_spans(n)
+        if spans:
+            self._out.extend(spans)
+            self.metrics.emitted("step", len(spans))
+            self.metrics.journey_steps["joined"] += sum(1 + len(o.more_batches) for o in spans)
+        for reason, k in why.items():
+            self.metrics.journey_steps[reason] += k
 
     def _emit_kv(self, obs: KVTransferObservation, src: Source, dp_rank: int) -> None:
         self._out.append(obs)
@@ -635,7 +664,10 @@ class Joiner:
             eng.see(wm)
             for n in eng.due(wm):
                 self._finalize_step(eng, n)
+            for item in eng.due_loop_waits(wm):
+                self._emit_loop_wait(eng, item)
             eng.expire(wm)
+            self._wait_wm[eng.source.id] = wm
             for _ in eng.enforce_caps():
                 self.metrics.outcome("step", "expired", "capacity")
         heap = self._req_heap
@@ -647,6 +679,12 @@ class Joiner:
             entry = self._requests.get(key)
             if entry is not None and entry.deadline_wall == deadline:
                 self._expire_request(key)
+        for sid, wm in self._wait_wm.items():  # requests the expiry above just completed
+            e = self._engines.get(sid)
+            if e is not None:
+                for item in e.due_loop_waits(wm):
+                    self._emit_loop_wait(e, item)
+        self._wait_wm.clear()
         if len(heap) > 4 * len(self._requests) + 1024:
             self._req_heap = [x for x in heap if x[1] in self._requests]
             heapq.heapify(self._req_heap)

@@ -58,6 +58,23 @@ class JoinerMetrics:
         self.observed: Counter[str] = Counter()
         self._pushed_outcomes: Counter[tuple[str, str]] = Counter()
         self._pushed_observed: Counter[str] = Counter()
+        self.journey_steps_total = PromCounter(
+            "coeffd_journey_steps_total",
+            "Unsampled steps considered as journey-pinned period observations, by outcome "
+            "(joined, or why not: prefill, preempted, idle, incomplete, unpinned, ...)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.loop_wait_total = PromCounter(
+            "coeffd_loop_wait_total",
+            "Request observations by how their QUEUED loop wait (removed for alpha0) was "
+            "decided: busy, idle, or why it is unknown",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.journey_steps: Counter[str] = Counter()
+        self.loop_waits: Counter[str] = Counter()
+        self._pushed_plain: dict[str, Counter[str]] = {"journey": Counter(), "wait": Counter()}
 
     def outcome(self, observation: str, outcome: str, reason: str = "", n: int = 1) -> None:
         """Count ``n`` join outcomes (``reason`` only goes to the summary log).
@@ -88,6 +105,15 @@ class JoinerMetrics:
             if d:
                 self._obs_children[key2].inc(d)
                 self._pushed_observed[key2] = n
+        for name, tally, metric in (
+            ("journey", self.journey_steps, self.journey_steps_total),
+            ("wait", self.loop_waits, self.loop_wait_total),
+        ):
+            pushed = self._pushed_plain[name]
+            for key3, n in tally.items():
+                if n != pushed[key3]:
+                    metric.labels(key3).inc(n - pushed[key3])
+                    pushed[key3] = n
 
     def entries(self, kind: str, n: int) -> None:
         """Set the window gauge of ``kind``."""

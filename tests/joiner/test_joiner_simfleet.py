@@ -29,6 +29,7 @@ from receivers.joiner import Joiner, JoinerConfig
 from receivers.observations import (
     Composition,
     KVTransferObservation,
+    PeriodMethod,
     RequestObservation,
     StepObservation,
 )
@@ -91,18 +92,22 @@ def _check(fr: FleetRun, out: list) -> dict[str, float]:
     n_summ = sum(1 for b in fr.batches for r in b if isinstance(r, BatchSummary))
     counts: dict[str, int] = defaultdict(int)
     for o in steps:
-        t = truth[(o.source.id, o.step)]
-        assert t.tokens > 0, f"period for an empty step {o.step}"
-        err = abs(o.period_us - t.period_us)
-        assert err <= o.period_uncertainty_us + CLOCK_RES_US, (o, t.period_us)
+        # a journey-pinned span covers batches step, step + 1, …: its period is their sum
+        ts = [truth[(o.source.id, o.step + i)] for i in range(1 + len(o.more_batches))]
+        assert all(t.tokens > 0 for t in ts), f"period for an empty step {o.step}"
+        err = abs(o.period_us - sum(t.period_us for t in ts))
+        assert err <= o.period_uncertainty_us + CLOCK_RES_US, (o, [t.period_us for t in ts])
         if o.composition in (Composition.SNAPSHOTS, Composition.JOURNEYS):
             # exact batch; a prefill's progress is BLIS's 0 at admission where simfleet
             # records vLLM's cached count, so progress is compared for decodes only
-            assert _shape(o.requests) == _shape(t.blis), (o.step, o.composition)
-            counts[o.composition.value] += 1
+            for batch, t in zip((o.requests, *o.more_batches), ts, strict=True):
+                assert _shape(batch) == _shape(t.blis), (o.step, o.composition)
+            counts[o.composition.value] += len(ts)
         elif o.composition is Composition.AGGREGATES:
             assert o.requests == ()
-        assert o.aggregates.scheduled_tokens == t.tokens
+        assert o.aggregates.scheduled_tokens == sum(t.tokens for t in ts)
+        if o.period_method is PeriodMethod.JOURNEY_SPAN:
+            counts["journey_span_steps"] += len(ts)
     return {
         "yield": len(steps) / n_summ if n_summ else 0.0,
         "n": len(steps),
