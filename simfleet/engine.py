@@ -387,14 +387,21 @@ class Engine:
         b = self._schedule(t)
         executed = b.tokens > 0
         t = b.dispatch_ns
+        end = 0
         if executed:
             self._period(b, t)
-            # the loop's own CPU time is part of the period; the GPU takes the rest
+            # the loop's own CPU time is part of the period; the GPU takes the rest, and
+            # the next schedule() starts one period after this one (the period *is* the
+            # spacing, spec §2.5): output processing that ends early waits for it; only
+            # CPU work beyond the slack left here pushes the next start later
             start = self._last_start
-            b.gpu_end_ns = max(t + 50 * US, start + int(b.period_us * US) - 70 * US)
+            end = start + int(b.period_us * US)
+            b.gpu_end_ns = max(t + 50 * US, end - 150 * US)
             t = b.gpu_end_ns
         self._record(b)
         t = self._update(b, t)
+        if executed:
+            t = max(t, end - 8 * US)  # the 8 µs before schedule() in _iteration
         if not executed and self._has_unfinished():
             t += MS
         self.t = t
