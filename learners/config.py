@@ -62,6 +62,14 @@ class LearnersConfig(BaseModel):
     # 0.989 meets both (0.732, 0.744) with steady error 1.2 % above the noise floor.
     forgetting: float = Field(default=0.989, gt=0, le=1)
     alpha_forgetting: float = Field(default=0.995, gt=0, le=1, description="API overheads")
+    # α0 rows are arrival→QUEUED less the *expected* loop wait: each request's own wait is
+    # uniform over its loop iteration, so a row is off by ±length/√12 — 40 % of α0 on an
+    # engine with 25 ms steps. 0.995 (~200 rows) left α0 2–5 % off on such engines at
+    # vLLM's default sampling (simfleet fleet, 300 s); ~2,000 rows bring it to ≲ 1.5 %.
+    # Drift still resets it (the detector watches its residuals like the others').
+    queueing_forgetting: float = Field(
+        default=0.9995, gt=0, le=1, description="α0 (arrival → queued, loop wait removed)"
+    )
     kv_forgetting: float = Field(default=0.995, gt=0, le=1, description="KV transfer model")
     huber: float | None = Field(default=3.0, gt=0, description="Huber threshold (σ units)")
     weighting: Literal["none", "relative"] = "relative"

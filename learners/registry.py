@@ -257,7 +257,9 @@ class LearnerSet:
             mean = self.alpha_prior[ALPHA_TARGETS.index(target) : ALPHA_TARGETS.index(target) + 1]
             return RLSRegressor(
                 _ONE,
-                forgetting=s.alpha_forgetting,
+                forgetting=s.queueing_forgetting
+                if target == "arrival_to_queued"
+                else s.alpha_forgetting,
                 prior_mean=mean.tolist(),
                 prior_precision=prior_precision(
                     mean.tolist(), s.prior_strength, s.prior_scale_floor

@@ -74,18 +74,40 @@ class _Calibration:
     # (added count, mean, variance) per type, recomputed when ``added`` moved on
     stats: list[tuple[int, float, float]] = field(default_factory=lambda: [(0, 0.0, 0.0)] * 3)
 
+    # offsets of one anchor type measured against another type's calibrated mean on steps
+    # no summary pins (only a mean's fallback: their spread is the other type's too, so
+    # they never widen the bounds, which must contain the truth)
+    cross: list[deque[float]] = field(
+        default_factory=lambda: [deque(maxlen=_CAL_KEEP) for _ in range(3)]
+    )
+    cross_added: list[int] = field(default_factory=lambda: [0, 0, 0])
+    cross_stats: list[tuple[int, float, float]] = field(default_factory=lambda: [(0, 0.0, 0.0)] * 3)
+
     def mean_var(self, typ: int, min_samples: int) -> tuple[float, float] | None:
-        """Mean and variance of the observed ``S(n) - t`` of one anchor type (ns)."""
+        """Mean and variance of the observed ``S(n) - t`` of one anchor type (ns): from
+        summaries, else (with 4× the samples) from the cross-calibration."""
         d = self.deltas[typ]
         if len(d) < min_samples:
-            return None
-        k, mean, var = self.stats[typ]
-        if k != self.added[typ]:
-            # fsum: exactly rounded whatever the order the deltas arrived in (live = replay)
-            mean = math.fsum(d) / len(d)
-            var = math.fsum((x - mean) ** 2 for x in d) / len(d)
-            self.stats[typ] = (self.added[typ], mean, var)
-        return mean, var
+            if len(self.cross[typ]) < 4 * min_samples:
+                return None
+            return _mean_var(self.cross[typ], self.cross_added[typ], self.cross_stats, typ)
+        return _mean_var(d, self.added[typ], self.stats, typ)
+
+    def is_exact(self, typ: int, min_samples: int) -> bool:
+        """True when summaries calibrated this anchor type."""
+        return len(self.deltas[typ]) >= min_samples
+
+
+def _mean_var(
+    d: deque[float], added: int, cache: list[tuple[int, float, float]], typ: int
+) -> tuple[float, float]:
+    k, mean, var = cache[typ]
+    if k != added:
+        # fsum: exactly rounded whatever the order the deltas arrived in (live = replay)
+        mean = math.fsum(d) / len(d)
+        var = math.fsum((x - mean) ** 2 for x in d) / len(d)
+        cache[typ] = (added, mean, var)
+    return mean, var
 
 
 @dataclass(slots=True)
@@ -549,13 +571,27 @@ class EngineState:
         bounds, _ = self.pin(n, a)
         if bounds is None or bounds[0] > bounds[1]:
             return None
+        present = [
+            (typ, ts)
+            for typ, step in ((SCHED, n), (QUEUED, n - 1), (COMPL, n - 1 - a))
+            if (ts := self.anchors[typ].get(step))
+        ]
+        est = self._weighted(present, bounds, exact_only=False)
+        if est is None:
+            return None
+        self._cross_calibrate(n, present, bounds)
+        return pinned.Pin(n, est, (bounds[1] - bounds[0]) / 2.0)
+
+    def _weighted(
+        self, present: list[tuple[int, tuple[int, ...]]], bounds: iv.Interval, exact_only: bool
+    ) -> float | None:
         num: list[float] = []
         den: list[float] = []
-        for typ, step in ((SCHED, n), (QUEUED, n - 1), (COMPL, n - 1 - a)):
-            ts = self.anchors[typ].get(step)
-            if not ts:
+        m = self.cfg.min_calibration
+        for typ, ts in present:
+            if exact_only and not self.cal.is_exact(typ, m):
                 continue
-            mv = self.cal.mean_var(typ, self.cfg.min_calibration)
+            mv = self.cal.mean_var(typ, m)
             if mv is None:
                 continue
             w = 1.0 / (mv[1] + 1e6)  # + (1 µs)²: equal weights when spreads are nil
@@ -565,8 +601,29 @@ class EngineState:
         if not den:
             return None
         # fsum: anchors arrive in any order, the estimate must not depend on it
-        est = min(max(math.fsum(num) / math.fsum(den), bounds[0]), bounds[1])
-        return pinned.Pin(n, est, (bounds[1] - bounds[0]) / 2.0)
+        return min(max(math.fsum(num) / math.fsum(den), bounds[0]), bounds[1])
+
+    def _cross_calibrate(
+        self, n: int, present: list[tuple[int, tuple[int, ...]]], bounds: iv.Interval
+    ) -> None:
+        """Offsets of anchor types that summaries have not calibrated yet, measured on
+        this step against the types they have: at 1 % step sampling a quiet engine sees
+        a SCHEDULED or QUEUED anchor on a summarised step only every few minutes, while
+        completions of the same steps are common."""
+        m = self.cfg.min_calibration
+        todo = [(typ, ts) for typ, ts in present if not self.cal.is_exact(typ, m)]
+        if not todo or len(todo) == len(present):
+            return
+        ref = self._weighted(present, bounds, exact_only=True)
+        if ref is None:
+            return
+        for typ, ts in todo:
+            key = (typ + 3, n)
+            if key in self.cal.seen:
+                continue
+            self.cal.seen.add(key)
+            self.cal.cross[typ].extend(ref - t for t in ts)
+            self.cal.cross_added[typ] += len(ts)
 
     def lives_at(self, n: int) -> list[Life]:
         """Known lives of requests in the running queue at step ``n``."""
