@@ -19,6 +19,7 @@ from receivers.joiner.synthetic import S_NS, Batch, SynthConfig, generate
 from receivers.observations import (
     KVTransferObservation,
     Observation,
+    PeriodMethod,
     RequestObservation,
     StepObservation,
 )
@@ -71,9 +72,15 @@ def test_shuffled_duplicated_delayed_give_same_observations(async_scheduling: bo
     )
     batches, _ = generate(cfg_s)
     cfg = JoinerConfig(window_s=60)
-    _, base, _ = _run(batches, cfg)
+    _, base, base_out = _run(batches, cfg)
     assert len(base) > 50
     assert {k[0] for k in base} == {"step", "request", "kv"}
+    # journey-pinned spans and loop waits (decided a data-time window later) are covered
+    assert any(
+        isinstance(o, StepObservation) and o.period_method is PeriodMethod.JOURNEY_SPAN
+        for o in base_out
+    )
+    assert any(isinstance(o, RequestObservation) and o.queued_loop_wait_us for o in base_out)
     for seed in range(3):
         j, got, _ = _run(_perturb(batches, seed, max_delay_s=8.0), cfg)
         assert got == base
