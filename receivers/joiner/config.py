@@ -92,6 +92,12 @@ class JoinerConfig(BaseModel):
         "next schedule() (output processing, input drain) varies from step to step, so even "
         "exact schedule starts bound the batch's own time only to this.",
     )
+    journey_steps: bool = Field(
+        default=True,
+        description="Turn unsampled steps pinned by journey events into period observations "
+        "(spans between summaries; the bulk of the step observations at vLLM's default 1 % "
+        "step sampling). Off: only summarised steps are observed.",
+    )
     max_span_steps: int = Field(
         default=32,
         ge=1,

@@ -110,6 +110,11 @@ def _mean_var(
     return mean, var
 
 
+def _life_order(life: Life) -> tuple[int, int, int, int, int, bool]:
+    ft = life.first_token if life.first_token is not None else -1
+    return (life.first, life.last, life.input_len, life.output_len, ft, life.preempted)
+
+
 @dataclass(slots=True)
 class LoopWait:
     """A request observation waiting for the data that explains its QUEUED wait."""
@@ -568,6 +573,9 @@ class EngineState:
         s = self.summaries.get(n)
         if s is not None:
             return pinned.Pin(n, float(s.start_mono_ns), 0.0)
+        an = self.anchors
+        if n not in an[SCHED] and (n - 1) not in an[QUEUED] and (n - 1 - a) not in an[COMPL]:
+            return None  # most steps: nothing pins them (checked before any interval work)
         bounds, _ = self.pin(n, a)
         if bounds is None or bounds[0] > bounds[1]:
             return None
@@ -631,22 +639,45 @@ class EngineState:
             life for life in self.lives.get(n >> _BUCKET_BITS, ()) if life.first <= n <= life.last
         ]
 
+    def mark_bracket(self, n: int) -> bool:
+        """Make summary ``n`` the start of the next segment if the known lives explain its
+        running queue (cheap: also done for shed summaries, so that span work under load
+        shedding is the kept share of segments, not its square); False otherwise."""
+        s = self.summaries.get(n)
+        ok = (
+            s is not None
+            and not self.ambiguous
+            and self.cfg.journey_steps
+            and len(self.lives_at(n)) == s.running_depth
+        )
+        self.bracket = n if ok else None
+        if s is not None:
+            self.bracket_wall = s.wall_ns
+        return ok
+
     def journey_spans(self, n: int) -> tuple[list[StepObservation], dict[str, int]]:
         """Period observations of the steps between the previous bracketing summary and
         summary ``n`` (see :mod:`.pinned`); the steps dropped, by reason."""
-        s = self.summaries.get(n)
+        prev = self.bracket
+        if not self.mark_bracket(n):
+            return [], ({"incomplete": n - prev - 1} if prev is not None and prev < n else {})
+        s = self.summaries[n]
         mode = self.mode()
-        if s is None or self.ambiguous or mode is None:
+        if prev is None or prev >= n or prev not in self.summaries or mode is None:
             return [], {}
-        complete = len(self.lives_at(n)) == s.running_depth
-        prev, self.bracket = self.bracket, (n if complete else None)
-        self.bracket_wall = s.wall_ns
-        if prev is None or prev >= n or prev not in self.summaries:
-            return [], {}
-        if not complete:
-            return [], {"incomplete": n - prev - 1}
         a = 1 if mode else 0
         batches: dict[int, tuple[BatchRequest, ...] | str] = {}
+        # the segment's lives once, in a fixed order: a batch's requests (and so the float
+        # sums of its features) must not depend on the order the journeys arrived in
+        lives = sorted(
+            {
+                id(life): life
+                for bk in range(prev >> _BUCKET_BITS, (n >> _BUCKET_BITS) + 1)
+                for life in self.lives.get(bk, ())
+                if life.first <= n and life.last >= prev
+            }.values(),
+            key=_life_order,
+        )
         for b in range(prev, n + 1):
             if b in self.used:
                 batches[b] = "summary"
@@ -658,7 +689,7 @@ class EngineState:
                 else:
                     batches[b] = reqs if comp is not Composition.AGGREGATES else "aggregates"
             else:
-                batches[b] = pinned.batch_at(self.lives_at(b), b, self.prefix_cache_off)
+                batches[b] = pinned.batch_at(lives, b, self.prefix_cache_off)
         pins = [p for m in range(prev + a, n + a + 2) if (p := self.point(m, a)) is not None]
         spans, why = pinned.spans(pins, batches, a, self.cfg.max_span_steps)
         why.pop("summary", None)

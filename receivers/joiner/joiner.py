@@ -563,7 +563,7 @@ class Joiner:
             # Shed before the join work: pinning and composing a step costs several times
             # what learning it does, so shedding only at the learner saved too little.
             eng.shed(n)
-            eng.bracket = None  # no segment ends at a shed summary: its work is shed too
+            eng.mark_bracket(n)  # no segment ends at a shed summary: its work is shed too
             self._n_shed += 1  # tallied in bulk (_count_shed): per-step tallies cost 6 %
             return
         res = eng.finalize(n, self._kv_for_step(eng, n) if self._kv_steps else ())

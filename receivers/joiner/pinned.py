@@ -41,7 +41,8 @@ __all__ = ["Pin", "Span", "batch_at", "running_count", "spans"]
 def batch_at(
     lives: Iterable[Life], n: int, prefix_cache_off: bool
 ) -> tuple[BatchRequest, ...] | str:
-    """The batch of step ``n`` rebuilt from the lives covering it, or why it cannot be.
+    """The batch of step ``n`` rebuilt from the lives covering it, or why it cannot be
+    (requests in the order of ``lives``).
 
     >>> dec = Life(first=1, first_token=1, last=9, input_len=100, output_len=9, preempted=False)
     >>> new = Life(first=5, first_token=5, last=7, input_len=40, output_len=3, preempted=False)
@@ -49,7 +50,7 @@ def batch_at(
     (BatchRequest(input_len=100, progress=102, new_tokens=1, output_len=9),)
     >>> batch_at([dec, new], 5, False)
     'prefill'
-    >>> batch_at([dec, new], 5, True)[0]
+    >>> batch_at([dec, new], 5, True)[1]
     BatchRequest(input_len=40, progress=0, new_tokens=40, output_len=3)
     >>> batch_at([dec], 12, False)
     'idle'
@@ -71,7 +72,7 @@ def batch_at(
             return "prefill"
     if not out:
         return "idle"
-    return tuple(sorted(out, key=lambda r: (r.input_len, r.progress, r.new_tokens)))
+    return tuple(out)
 
 
 def running_count(lives: Iterable[Life], n: int) -> int:
