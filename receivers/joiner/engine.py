@@ -203,6 +203,7 @@ class EngineState:
         self.bracket: int | None = None
         self.bracket_wall = 0
         self.used: set[int] = set()  # batches already observed through their summary
+        self.shed_steps: set[int] = set()  # summaries shed: their batches stay unobserved
         self.prefix_cache_off = parse_async_attr(source.get("coeffd.prefix_caching")) is False
         self.loop_waits: deque[LoopWait] = deque()
         self.loop_waits_late: list[tuple[int, int, LoopWait]] = []
@@ -681,6 +682,8 @@ class EngineState:
         for b in range(prev, n + 1):
             if b in self.used:
                 batches[b] = "summary"
+            elif b in self.shed_steps:
+                batches[b] = "shed"  # load shedding: not brought back as part of a span
             elif b in self.summaries:
                 sb = self.summaries[b]
                 comp, reqs = self._composition(b, sb)
@@ -693,6 +696,7 @@ class EngineState:
         pins = [p for m in range(prev + a, n + a + 2) if (p := self.point(m, a)) is not None]
         spans, why = pinned.spans(pins, batches, a, self.cfg.max_span_steps)
         why.pop("summary", None)
+        why.pop("shed", None)
         out: list[StepObservation] = []
         for sp in spans:
             reason = self._check_span(sp)
@@ -771,6 +775,7 @@ class EngineState:
         the loop period from consecutive summaries for the recent periods that the
         queue-wait estimate of request observations (α0) needs."""
         self._close_step(n)
+        self.shed_steps.add(n)
         s, nxt = self.summaries[n], self.summaries.get(n + 1)
         if nxt is not None and s.scheduled_tokens and nxt.scheduled_tokens:
             gap = nxt.start_mono_ns - s.start_mono_ns
@@ -952,6 +957,7 @@ class EngineState:
         for k in [k for k in self.snapshots if k < h]:
             del self.snapshots[k]
         self.used = {k for k in self.used if k >= h}
+        self.shed_steps = {k for k in self.shed_steps if k >= h}
         for a in self.anchors:
             for k in [k for k in a if k < h]:
                 self.n_anchors -= len(a.pop(k))

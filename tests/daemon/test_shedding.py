@@ -92,8 +92,10 @@ def test_backlog_learns_an_even_share_of_steps_and_requests(
     assert got["coeffd_learning_keep_ratio"] == pytest.approx(keep)
     total = full["step_period"]
     # every step not learned is accounted for: shed (before joining) counts at least the
-    # observations missing (it also counts steps the joiner would have rejected anyway)
-    assert got["shed:step"] == consumer.shed >= total - got["step_period"] > 0
+    # observations missing (it also counts steps the joiner would have rejected anyway),
+    # up to the few journey-pinned spans that lose a shed summary's calibration (≤ 1 %)
+    missing = total - got["step_period"]
+    assert got["shed:step"] == consumer.shed >= 0.99 * missing > 0
 
     # the share kept: within 4 binomial standard deviations of the target ratio
     def tol(n: float) -> float:
