@@ -53,6 +53,9 @@ _CAL_KEEP = 512  # calibration deltas kept per anchor type (a rolling sample)
 _PURGE_STRIDE = 512  # steps between purges of expired step-indexed state
 _SIGHTING_BUCKET_NS = 50_000_000  # timeline granularity (see EngineState._first_sighting)
 _BUCKET_BITS = 6  # request lives are indexed by 64-step buckets
+# how far a loop wait's schedule start may be interpolated from its pins: decode steps of a
+# quiet engine change by a few context tokens each, so even 256 of them space evenly
+_INTERPOLATE_STEPS = 256
 
 
 @dataclass(slots=True)
@@ -392,7 +395,7 @@ class EngineState:
         is a decode step of the known requests (consecutive decode steps of one batch
         differ by a request or a few context tokens, so equal spacing is close, and its
         errors have no sign). The half-width grows with the distance to the pins."""
-        limit = self.cfg.max_span_steps
+        limit = _INTERPOLATE_STEPS
         lo = next((p for m in range(n - 1, n - limit, -1) if (p := self.point(m, a))), None)
         if lo is None:
             return None
