@@ -61,7 +61,8 @@ def _app(tmp: Path, **overrides: Any) -> App:
 
 
 def test_failed_checkpoint_and_snapshot_writes(tmp_path: Path) -> None:
-    requests = fleet_requests("steady", 10)
+    # 40 s: request observations leave the joiner half a join window (15 s) after QUEUED
+    requests = fleet_requests("steady", 40)
     decoder = Decoder()
     batches = [decoder.decode_bytes(r.SerializeToString()).records for r in requests]
     source = next(r.span.source for b in batches for r in b if hasattr(r, "span"))

@@ -71,3 +71,18 @@ def run_fleet(scenario: Any, duration_s: float, seed: int = 1, **kw: Any) -> Fle
         **kw,
     )
     return fr
+
+
+def batch_shape(reqs: Any) -> list[tuple[int, int, bool, int]]:
+    """A batch as BLIS's features see it, in a fixed order: a prefill through its input
+    length and new tokens (its progress is BLIS's 0 at admission in a reconstruction,
+    vLLM's cached count in simfleet's truth), a decode through its context too."""
+    return sorted(
+        (
+            r.input_len,
+            r.new_tokens,
+            r.progress >= r.input_len,
+            r.progress if r.progress >= r.input_len else -1,
+        )
+        for r in reqs
+    )

@@ -14,7 +14,7 @@ import statistics
 from dataclasses import replace
 
 import pytest
-from joiner_fleet import FleetRun, run_fleet
+from joiner_fleet import FleetRun, batch_shape, run_fleet
 
 from receivers.joiner import Joiner, JoinerConfig
 from receivers.observations import (
@@ -44,21 +44,6 @@ def _join(fr: FleetRun) -> tuple[Joiner, list]:
     return j, out + j.flush()
 
 
-def _shape(batch) -> list[tuple]:
-    # BLIS features see a prefill through its input length and new tokens only (a
-    # prefix-cache hit's progress is BLIS's 0 in a reconstruction, vLLM's count in the
-    # truth); a decode through its context too
-    return sorted(
-        (
-            r.input_len,
-            r.new_tokens,
-            r.progress >= r.input_len,
-            r.progress if r.progress >= r.input_len else -1,
-        )
-        for r in batch
-    )
-
-
 @pytest.mark.parametrize("async_scheduling", [True, False])
 def test_default_sampling_spans_match_truth_batch_by_batch(async_scheduling: bool) -> None:
     fr = _run(async_scheduling, 150.0, seed=5)
@@ -72,7 +57,7 @@ def test_default_sampling_spans_match_truth_batch_by_batch(async_scheduling: boo
         ts = [truth[(o.source.id, o.step + i)] for i in range(1 + len(o.more_batches))]
         for batch, t in zip((o.requests, *o.more_batches), ts, strict=True):
             assert t.tokens > 0
-            assert _shape(batch) == _shape(t.blis), (o.step, batch, t.blis)
+            assert batch_shape(batch) == batch_shape(t.blis), (o.step, batch, t.blis)
         err = abs(o.period_us - sum(t.period_us for t in ts))
         assert err <= o.period_uncertainty_us + 0.001, (o.step, err, o.period_uncertainty_us)
         covered += len(ts)
@@ -94,7 +79,7 @@ def test_prefill_steps_are_rebuilt_without_a_prefix_cache() -> None:
         if isinstance(o, StepObservation) and o.period_method is PeriodMethod.JOURNEY_SPAN:
             for i, batch in enumerate((o.requests, *o.more_batches)):
                 t = truth[(o.source.id, o.step + i)]
-                assert _shape(batch) == _shape(t.blis)
+                assert batch_shape(batch) == batch_shape(t.blis)
                 prefills += sum(1 for r in batch if r.progress < r.input_len)
     assert prefills > 0
     # what is still dropped as a prefill is a chunked one (its chunks need the budget split)

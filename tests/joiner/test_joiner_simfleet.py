@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import msgspec
 import pytest
-from joiner_fleet import FleetRun, run_fleet
+from joiner_fleet import FleetRun, batch_shape, run_fleet
 
 from receivers.joiner import Joiner, JoinerConfig
 from receivers.observations import (
@@ -101,7 +101,7 @@ def _check(fr: FleetRun, out: list) -> dict[str, float]:
             # exact batch; a prefill's progress is BLIS's 0 at admission where simfleet
             # records vLLM's cached count, so progress is compared for decodes only
             for batch, t in zip((o.requests, *o.more_batches), ts, strict=True):
-                assert _shape(batch) == _shape(t.blis), (o.step, o.composition)
+                assert batch_shape(batch) == batch_shape(t.blis), (o.step, o.composition)
             counts[o.composition.value] += len(ts)
         elif o.composition is Composition.AGGREGATES:
             assert o.requests == ()
@@ -114,18 +114,6 @@ def _check(fr: FleetRun, out: list) -> dict[str, float]:
         "summaries": n_summ,
         **counts,
     }
-
-
-def _shape(reqs) -> list[tuple]:
-    return sorted(
-        (
-            r.input_len,
-            r.new_tokens,
-            r.progress >= r.input_len,
-            r.progress if r.progress >= r.input_len else -1,
-        )
-        for r in reqs
-    )
 
 
 def _requests_ok(out: list) -> int:
