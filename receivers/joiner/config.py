@@ -104,6 +104,14 @@ class JoinerConfig(BaseModel):
         description="Longest run of unsampled steps between two journey-pinned schedule "
         "starts that becomes one observation (the sum of their periods).",
     )
+    loop_wait_delay_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="How long (data seconds after a request's QUEUED) its loop wait waits "
+        "for the journeys of the requests around it before it is decided; the request "
+        "observation is held that long. Must stay below window_s (the steps it reads are "
+        "held that long).",
+    )
     loop_wait_max_uncertainty_us: float = Field(
         default=1000.0,
         gt=0,

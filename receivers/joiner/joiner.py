@@ -71,6 +71,7 @@ class Joiner:
         else:
             self.metrics = JoinerMetrics(metrics)
         self._window_ns = int(self.cfg.window_s * 1e9)
+        self._wait_delay_ns = int(min(self.cfg.loop_wait_delay_s, 0.9 * self.cfg.window_s) * 1e9)
         self._tol_ns = self.cfg.same_host_tolerance_us * 1e3
         self._engines: dict[str, EngineState] = {}
         self._wm: dict[str, int] = {}  # watermark (max wall ns) per source id
@@ -492,10 +493,11 @@ class Joiner:
         eng = self._engines.get(src.id)
         q = core.queued
         if eng is not None and q is not None:
-            # the loop wait is decided a window after the QUEUED (see EngineState.loop_wait)
-            over = eng.defer_loop_wait(
-                LoopWait(q.wall_ns + self._window_ns, obs, q.mono_ns, q.step)
-            )
+            # the loop wait is decided loop_wait_delay_s after the QUEUED (see
+            # EngineState.loop_wait): late enough for the journeys around it to be in,
+            # early enough for the steps they pin to be still held
+            deadline = q.wall_ns + self._wait_delay_ns
+            over = eng.defer_loop_wait(LoopWait(deadline, obs, q.mono_ns, q.step))
             if over is not None:
                 self._emit_loop_wait(eng, over, "capacity")
             return

@@ -61,7 +61,7 @@ def _app(tmp: Path, **overrides: Any) -> App:
 
 
 def test_failed_checkpoint_and_snapshot_writes(tmp_path: Path) -> None:
-    # 40 s: request observations leave the joiner half a join window (15 s) after QUEUED
+    # 40 s: request observations leave the joiner joiner.loop_wait_delay_s (10 s) after QUEUED
     requests = fleet_requests("steady", 40)
     decoder = Decoder()
     batches = [decoder.decode_bytes(r.SerializeToString()).records for r in requests]

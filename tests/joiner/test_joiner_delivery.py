@@ -71,7 +71,9 @@ def test_shuffled_duplicated_delayed_give_same_observations(async_scheduling: bo
         seed=3,
     )
     batches, _ = generate(cfg_s)
-    cfg = JoinerConfig(window_s=60)
+    # exports are delayed by up to 16 s below (retries): the loop waits are decided after
+    # that, like everything else in the window, so every order gives the same answer
+    cfg = JoinerConfig(window_s=60, loop_wait_delay_s=30)
     _, base, base_out = _run(batches, cfg)
     assert len(base) > 50
     assert {k[0] for k in base} == {"step", "request", "kv"}
