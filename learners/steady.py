@@ -3,7 +3,7 @@
 Why two learners. The fast tracker (λ = 0.989, ~90 observations of memory) is what makes
 drift recovery quick, but published straight it wobbles: consecutive versions of a
 steady engine differed by several percent in a BLIS run (issue 15). A long-memory
-learner (``steady_forgetting``, ~5,000 observations) averages that wobble away and
+learner (``steady_forgetting``, ~10,000 observations) averages that wobble away and
 pins down weakly separated terms, but alone it would lag every change. So both learn
 every row, and the *published* estimate is
 
