@@ -643,32 +643,35 @@ class EngineState:
             life for life in self.lives.get(n >> _BUCKET_BITS, ()) if life.first <= n <= life.last
         ]
 
-    def mark_bracket(self, n: int) -> bool:
-        """Make summary ``n`` the start of the next segment if the known lives explain its
-        running queue (cheap: also done for shed summaries, so that span work under load
-        shedding is the kept share of segments, not its square); False otherwise."""
+    def mark_bracket(self, n: int) -> None:
+        """Make summary ``n`` the start of the next segment (cheap: also done for shed
+        summaries, so that span work under load shedding is the kept share of segments,
+        not its square). Whether the known lives explain its running queue is checked
+        only when a segment needs it, with the lives known by then."""
         s = self.summaries.get(n)
-        ok = (
-            s is not None
-            and not self.ambiguous
-            and self.cfg.journey_steps
-            and len(self.lives_at(n)) == s.running_depth
-        )
+        ok = s is not None and not self.ambiguous and self.cfg.journey_steps
         self.bracket = n if ok else None
         if s is not None:
             self.bracket_wall = s.wall_ns
-        return ok
+
+    def _explained(self, n: int) -> bool:
+        """True when the known lives are exactly summary ``n``'s running queue."""
+        return len(self.lives_at(n)) == self.summaries[n].running_depth
 
     def journey_spans(self, n: int) -> tuple[list[StepObservation], dict[str, int]]:
         """Period observations of the steps between the previous bracketing summary and
         summary ``n`` (see :mod:`.pinned`); the steps dropped, by reason."""
         prev = self.bracket
-        if not self.mark_bracket(n):
-            return [], ({"incomplete": n - prev - 1} if prev is not None and prev < n else {})
-        s = self.summaries[n]
+        self.mark_bracket(n)
+        s = self.summaries.get(n)
         mode = self.mode()
-        if prev is None or prev >= n or prev not in self.summaries or mode is None:
+        if s is None or prev is None or prev >= n or prev not in self.summaries or mode is None:
             return [], {}
+        used, shed = self.used, self.shed_steps
+        if all(b in used or b in shed for b in range(prev, n + 1)):
+            return [], {}  # every step sampled (dense tracing): nothing between to pin
+        if not (self._explained(prev) and self._explained(n)):
+            return [], {"incomplete": n - prev - 1}
         a = 1 if mode else 0
         batches: dict[int, tuple[BatchRequest, ...] | str] = {}
         # the segment's lives once, in a fixed order: a batch's requests (and so the float
