@@ -208,6 +208,7 @@ class EngineState:
         self.used: set[int] = set()  # batches already observed through their summary
         self.shed_steps: set[int] = set()  # summaries shed: their batches stay unobserved
         self.prefix_cache_off = parse_async_attr(source.get("coeffd.prefix_caching")) is False
+        self.touched = 0  # wall ns of the latest record of this engine, kept or not
         self.loop_waits: deque[LoopWait] = deque()
         self.loop_waits_late: list[tuple[int, int, LoopWait]] = []
         self._lw_seq = 0
@@ -247,6 +248,8 @@ class EngineState:
 
     def add_summary(self, s: BatchSummary) -> str:
         """Store a summary; returns ``ok``, ``duplicate`` or ``late``."""
+        if s.wall_ns > self.touched:
+            self.touched = s.wall_ns
         n = s.step
         old = self.summaries.get(n)
         if old is not None and old.start_mono_ns != s.start_mono_ns and not self.ambiguous:
@@ -298,6 +301,8 @@ class EngineState:
 
     def add_anchor(self, ev: JourneyEvent) -> None:
         """Index a journey event as an anchor of the step start it pins."""
+        if ev.wall_ns > self.touched:
+            self.touched = ev.wall_ns
         kind = ev.kind
         if kind is JourneyKind.SCHEDULED:
             typ = SCHED
@@ -940,9 +945,22 @@ class EngineState:
             h = min(h, self.bracket - 2)
         if h > self.horizon:
             self.horizon = h
-            # purging walks every step-indexed dict: do it in strides, not on every step
-            if h - self._purged_to >= _PURGE_STRIDE:
+            # purging walks every step-indexed dict: do it in strides, not on every step,
+            # but at once when the engine fell silent (no later step will come to make
+            # up the stride: its last steps were held for good)
+            if h - self._purged_to >= _PURGE_STRIDE or not (tl or self._tail_end):
                 self._purge(h)
+
+    def silent(self, now_wall: int) -> bool:
+        """Nothing seen for a window and nothing left to do: the engine can be forgotten."""
+        return self.touched < now_wall - self.window_ns and not (
+            self.timeline
+            or self._tail_end
+            or self.pending
+            or self.pending_late
+            or self.loop_waits
+            or self.loop_waits_late
+        )
 
     def _purge(self, h: int) -> None:
         self._purged_to = h

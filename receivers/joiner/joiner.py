@@ -199,6 +199,9 @@ class Joiner:
         sid = source.id
         if wall_ns > self._wm.get(sid, 0):
             self._wm[sid] = wall_ns
+            eng = self._engines.get(sid)
+            if eng is not None and wall_ns > eng.touched:
+                eng.touched = wall_ns  # (a live tick moves _wm, never this)
         if wall_ns > self._max_wall:
             self._max_wall = wall_ns
 
@@ -212,6 +215,7 @@ class Joiner:
                     self.metrics.outcome("step", "expired", "engine_capacity")
                 del self._engines[oldest.source.id]
             eng = self._engines[source.id] = EngineState(source, self.cfg)
+            eng.touched = self._wm.get(source.id, 0)  # _see ran for the record creating it
         return eng
 
     def _late(self, source: Source, wall_ns: int) -> bool:
@@ -659,7 +663,8 @@ class Joiner:
             if now > self._max_wall:
                 self._max_wall = now
         self._last_sweep = self._max_wall
-        for eng in self._engines.values():
+        gone: list[str] = []
+        for eng in list(self._engines.values()):
             wm = max(eng.watermark, self._wm.get(eng.source.id, 0))
             if now is not None and now > wm:
                 wm = now
@@ -670,6 +675,8 @@ class Joiner:
                 self._emit_loop_wait(eng, item)
             eng.expire(wm)
             self._wait_wm[eng.source.id] = wm
+            if eng.silent(wm) or eng.touched < self._max_wall - 2 * self._window_ns:
+                gone.append(eng.source.id)
             for _ in eng.enforce_caps():
                 self.metrics.outcome("step", "expired", "capacity")
         heap = self._req_heap
@@ -687,6 +694,8 @@ class Joiner:
                 for item in e.due_loop_waits(wm):
                     self._emit_loop_wait(e, item)
         self._wait_wm.clear()
+        for sid in gone:
+            self._forget_engine(sid)
         if len(heap) > 4 * len(self._requests) + 1024:
             self._req_heap = [x for x in heap if x[1] in self._requests]
             heapq.heapify(self._req_heap)
@@ -711,6 +720,22 @@ class Joiner:
             self._update_gauges()
         self.metrics.sync()
         self._log_summary()
+
+    def _forget_engine(self, sid: str) -> None:
+        """An engine silent for a window of its own clock, or for two of the fleet's (a
+        replay has no wall clock to move a silent engine's on): finish what it left and
+        drop its state, so memory follows the engines that still send."""
+        e = self._engines.get(sid)
+        if e is None:
+            return
+        if not e.silent(e.watermark):
+            if e.touched >= self._max_wall - 2 * self._window_ns:
+                return
+            for n in e.drain_all():
+                self._finalize_step(e, n)
+            for item in e.due_loop_waits(None):
+                self._emit_loop_wait(e, item)
+        del self._engines[sid]
 
     def _expire_dict(self, d: dict[Any, int]) -> None:
         """Drop tombstones past their time (insertion order ≈ time order)."""

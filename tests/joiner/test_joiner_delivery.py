@@ -293,3 +293,23 @@ def test_expiry_reaches_the_newest_sightings_of_an_idle_engine() -> None:
     assert eng.horizon == 0
     eng.expire(w + 2_000_000_000)
     assert eng.horizon == 105 - 2  # below the newest step seen, like every bucket
+
+
+def test_engines_that_fall_silent_are_forgotten() -> None:
+    """Engines come and go (replicas replaced, pods renamed): an engine silent for a window
+    leaves no state behind, so memory follows the live engines, not all ever seen."""
+    window = 5.0
+    j = Joiner(JoinerConfig(window_s=window))
+    held = []
+    for i in range(12):  # a new engine identity every 3 s of data, each sending 3 s
+        batches, _ = generate(
+            SynthConfig(duration_s=3, rate_per_s=20, step_rate=0.3, engine_name=f"e{i}", seed=i)
+        )
+        shift = int(i * 3 * S_NS)
+        for _, recs in batches:
+            j.push_many([_shift_record(r, shift, 0, renumber=False) for r in recs])
+        held.append((len(j._engines), j.entries().get("step_summary", 0)))
+    j.tick()
+    # engines heard from within about two windows (one sending, the rest draining)
+    assert max(n for n, _ in held) <= 2 + int(2 * window / 3)
+    assert held[-1][1] <= 2 * max(s for _, s in held[:4])
