@@ -296,13 +296,26 @@ class _Server(ThreadingHTTPServer):
     _deadlines: dict[Any, float]
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        # One thread per connection: past ``max_connections`` answer 503 at once and
-        # close, instead of letting any number of idle or slow clients hold threads.
+        # One thread per connection, at most ``max_connections``: at the cap the
+        # connection that has waited longest for its request (idle keep-alive, a silent or
+        # trickling client) is cut to make room, so idle clients can never lock out a
+        # probe or an exporter; only when every connection is busy with a request is the
+        # new one answered 503 at once and closed.
         if self.max_connections:
+            victim = None
             with self._active_lock:
                 full = self._active >= self.max_connections
+                if full and self.idle_timeout is not None and self._deadlines:
+                    victim = min(self._deadlines, key=self._deadlines.__getitem__)
+                    del self._deadlines[victim]
+                    full = False
                 if not full:
-                    self._active += 1
+                    self._active += 1  # the victim's thread gives its slot back as it ends
+            if victim is not None:
+                with contextlib.suppress(OSError):
+                    victim.shutdown(socket.SHUT_RDWR)
+                if self.on_refused is not None:
+                    self.on_refused(503, "idle connection cut for a new one", _peer(victim))
             if full:
                 self._turn_away(request, client_address)
                 return
@@ -375,6 +388,13 @@ class _Server(ThreadingHTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         # Client resets and half-closed connections are normal; never print a traceback.
         log.debug("http connection error", client=str(client_address))
+
+
+def _peer(conn: Any) -> str:
+    try:
+        return str(conn.getpeername()[0])
+    except (OSError, IndexError, TypeError):
+        return ""
 
 
 class _Server6(_Server):

@@ -241,13 +241,23 @@ def test_trickling_client_is_cut_off() -> None:
         assert closed
 
 
-def test_connections_over_the_cap_get_503() -> None:
+def test_idle_connections_never_lock_out_a_new_client() -> None:
+    """At the connection cap the longest-idle connection is cut for the new one (the soak:
+    100 idle sockets held every slot and probes got 503), and the cut is counted."""
     with App(_settings(max_connections=2), consumer=CountingConsumer()) as a:
         held = [_connect(a), _connect(a)]
         try:
+            time.sleep(0.05)  # the first waits longest
             with _connect(a) as third:
+                body = b'{"resourceSpans": []}'
+                third.sendall(
+                    b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                    + body
+                )
                 answer = third.recv(4096)
-            assert answer.startswith(b"HTTP/1.1 503")
+            assert answer.startswith(b"HTTP/1.1 200"), answer[:40]
+            assert held[0].recv(1) == b""  # the longest-idle one was closed by the server
         finally:
             for s in held:
                 s.close()
@@ -258,6 +268,20 @@ def test_connections_over_the_cap_get_503() -> None:
             )
             == 1
         )
+
+
+def test_probes_answer_while_idle_connections_fill_the_api_port() -> None:
+    """64 idle connections on the API port (its cap): /healthz still answers 200."""
+    with App(_settings(), consumer=CountingConsumer()) as a:
+        port = a.http_port
+        held = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(64)]
+        try:
+            time.sleep(0.1)
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as r:
+                assert r.status == 200
+        finally:
+            for s in held:
+                s.close()
 
 
 def test_decoder_sources_are_bounded_by_bytes() -> None:
