@@ -430,9 +430,8 @@ def step_time_change(
     old: Sequence[float], new: Sequence[float], batches: npt.NDArray[np.float64]
 ) -> float:
     """Mean ``|x·new − x·old| / x·old`` over the rows ``x`` of ``batches`` (BLIS basis
-    terms of recent steps), the larger of the means over batches with a prefill and
-    without: how much a new β would move the predicted step times of the batches this
-    configuration really runs. A term that no batch excites moves nothing.
+    terms of recent steps): how much a new β would move the predicted step times of the
+    batches this configuration really runs. A term that no batch excites moves nothing.
 
     >>> import numpy as np
     >>> x = np.array([[1.0, 0.0], [1.0, 1.0]])
@@ -440,9 +439,6 @@ def step_time_change(
     0.0167
     >>> step_time_change([10.0, 5.0], [10.0, 5.0, 1.0], x)
     inf
-    >>> pd = np.array([[0.0, 1.0]] * 9 + [[1.0, 1.0]])  # nine decode batches, one prefill
-    >>> round(step_time_change([10.0, 5.0], [11.0, 5.0], pd), 4)  # prefill moved 6.7 %
-    0.0667
     """
     a = np.asarray(old, dtype=float)
     b = np.asarray(new, dtype=float)
@@ -452,14 +448,28 @@ def step_time_change(
     ok = p_old > 0
     if not ok.any():
         return max_relative_change(a, b)
-    rel = np.abs(batches[ok] @ b - p_old[ok]) / p_old[ok]
-    # by regime: batches with a prefill and without, the larger mean. Decode steps are
-    # most of what an engine runs (and, at vLLM's default sampling, nearly all that is
-    # observed), so a mean over them all never saw prefill terms move: a β with 10 %-off
-    # prefill terms stayed published, and TTFT with it
-    prefill = batches[ok][:, 0] > 0
-    means = [float(rel[g].mean()) for g in (prefill, ~prefill) if g.any()]
-    return max(means)
+    return float(np.mean(np.abs(batches[ok] @ b - p_old[ok]) / p_old[ok]))
+
+
+def regime_step_time_change(
+    old: Sequence[float], new: Sequence[float], batches: npt.NDArray[np.float64]
+) -> float:
+    """:func:`step_time_change` over the batches with a prefill and over those without,
+    the larger. Decode steps are most of what an engine runs (and, at vLLM's default
+    sampling, nearly all that is observed), so a mean over them all never saw prefill
+    terms move: a β with 10 %-off prefill terms stayed published, and TTFT with it.
+
+    >>> import numpy as np
+    >>> pd = np.array([[0.0, 1.0]] * 9 + [[1.0, 1.0]])  # nine decode batches, one prefill
+    >>> round(step_time_change([10.0, 5.0], [11.0, 5.0], pd), 4)  # the mix: 0.67 %
+    0.0067
+    >>> round(regime_step_time_change([10.0, 5.0], [11.0, 5.0], pd), 4)  # prefill: 6.7 %
+    0.0667
+    """
+    if batches.ndim != 2 or batches.shape[1] != len(old) or not len(batches):
+        return step_time_change(old, new, batches)
+    prefill = batches[:, 0] > 0
+    return max(step_time_change(old, new, batches[g]) for g in (prefill, ~prefill) if g.any())
 
 
 class PublishPolicy:
@@ -508,7 +518,8 @@ class PublishPolicy:
         if previous is None:
             return True, "first"
         if recent is not None and len(recent):
-            beta_moved = step_time_change(previous.beta, beta, recent) > self.step_time_threshold
+            moved = regime_step_time_change(previous.beta, beta, recent)
+            beta_moved = moved > self.step_time_threshold
         else:
             beta_moved = max_relative_change(previous.beta, beta) > self.relative_threshold
         if beta_moved or max_relative_change(previous.alpha, alpha) > self.relative_threshold:
