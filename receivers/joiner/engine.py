@@ -518,12 +518,9 @@ class EngineState:
         if s is None:
             return
         S = s.start_mono_ns
-        for typ, step in ((SCHED, n), (QUEUED, n - 1), (COMPL, n - 1 - a)):
+        for typ, ts in self._pinning(n, a):
             key = (typ, n)
             if key in self.cal.seen:
-                continue
-            ts = self.anchors[typ].get(step)
-            if not ts:
                 continue
             self.cal.seen.add(key)
             dq = self.cal.deltas[typ]
@@ -550,20 +547,30 @@ class EngineState:
             self.cfg.calibration_margin_fraction,
         )
 
+    def _pinning(self, n: int, a: int) -> list[tuple[int, tuple[int, ...]]]:
+        """The anchors that pin ``S(n)``, by type: SCHEDULED/PREEMPTED(n), QUEUED(n-1),
+        FIRST_TOKEN/FINISHED(n-1-a)."""
+        an = self.anchors
+        return [
+            (typ, ts)
+            for typ, step in ((SCHED, n), (QUEUED, n - 1), (COMPL, n - 1 - a))
+            if (ts := an[typ].get(step))
+        ]
+
+    def _intersect(self, present: list[tuple[int, tuple[int, ...]]]) -> iv.Interval | None:
+        parts: list[iv.Interval] = []
+        for typ, ts in present:
+            parts.extend(iv.shifted(ts, self._bounds(typ)))
+        return iv.intersect(parts)
+
     def pin(self, n: int, a: int) -> tuple[iv.Interval | None, frozenset[int] | None]:
         """Interval of ``S(n)``; the anchor types used (None = exact from a summary)."""
         s = self.summaries.get(n)
         if s is not None:
             t = float(s.start_mono_ns)
             return (t, t), None
-        parts: list[iv.Interval] = []
-        types: set[int] = set()
-        for typ, step in ((SCHED, n), (QUEUED, n - 1), (COMPL, n - 1 - a)):
-            ts = self.anchors[typ].get(step)
-            if ts:
-                parts.extend(iv.shifted(ts, self._bounds(typ)))
-                types.add(typ)
-        return iv.intersect(parts), frozenset(types)
+        present = self._pinning(n, a)
+        return self._intersect(present), frozenset(typ for typ, _ in present)
 
     def _typical_period(self) -> float:
         """Median of the recent loop periods (ns)."""
@@ -582,17 +589,12 @@ class EngineState:
         s = self.summaries.get(n)
         if s is not None:
             return pinned.Pin(n, float(s.start_mono_ns), 0.0)
-        an = self.anchors
-        if n not in an[SCHED] and (n - 1) not in an[QUEUED] and (n - 1 - a) not in an[COMPL]:
-            return None  # most steps: nothing pins them (checked before any interval work)
-        bounds, _ = self.pin(n, a)
+        present = self._pinning(n, a)
+        if not present:
+            return None  # most steps: nothing pins them
+        bounds = self._intersect(present)
         if bounds is None or bounds[0] > bounds[1]:
             return None
-        present = [
-            (typ, ts)
-            for typ, step in ((SCHED, n), (QUEUED, n - 1), (COMPL, n - 1 - a))
-            if (ts := self.anchors[typ].get(step))
-        ]
         est = self._weighted(present, bounds, exact_only=False)
         if est is None:
             return None

@@ -389,10 +389,7 @@ class Joiner:
         """The engine restarted under the same identity (step ids start again at 1).
         Finish what the old incarnation left and start anew; restarts that keep coming
         mean two live engines behind one identity, whose steps cannot be told apart."""
-        for n in eng.drain_all():
-            self._finalize_step(eng, n)
-        for item in eng.due_loop_waits(None):
-            self._emit_loop_wait(eng, item)
+        self._finish_engine(eng)
         sid = eng.source.id
         recent = [t for t in self._restarts.get(sid, []) if t > wall_ns - self._window_ns]
         recent.append(wall_ns)
@@ -731,11 +728,16 @@ class Joiner:
         if not e.silent(e.watermark):
             if e.touched >= self._max_wall - 2 * self._window_ns:
                 return
-            for n in e.drain_all():
-                self._finalize_step(e, n)
-            for item in e.due_loop_waits(None):
-                self._emit_loop_wait(e, item)
+            self._finish_engine(e)
         del self._engines[sid]
+
+    def _finish_engine(self, eng: EngineState) -> None:
+        """Finalize every step and decide every loop wait an engine still holds (it
+        restarted or fell silent: nothing more will come for them)."""
+        for n in eng.drain_all():
+            self._finalize_step(eng, n)
+        for item in eng.due_loop_waits(None):
+            self._emit_loop_wait(eng, item)
 
     def _expire_dict(self, d: dict[Any, int]) -> None:
         """Drop tombstones past their time (insertion order ≈ time order)."""

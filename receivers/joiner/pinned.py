@@ -13,7 +13,7 @@ observations:
   with the cache on, the hit length is in no journey event, so such steps are dropped
   (``prefill``). Preempted or aborted requests make a step ambiguous (``preempted``); a
   step no request covers is an idle or empty schedule (``idle``).
-* **Completeness** (:func:`running_count`): a request still running when the step is
+* **Completeness** (``EngineState._explained``): a request still running when the step is
   built is invisible (its events arrive with its FINISHED), so a segment between two
   summaries is used only if both summaries' running queues are fully explained by the
   known lives. A request invisible inside the segment is either running at the first
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from receivers.joiner.composition import Life
 from receivers.observations import BatchRequest
 
-__all__ = ["Pin", "Span", "batch_at", "running_count", "spans"]
+__all__ = ["Pin", "Span", "batch_at", "spans"]
 
 
 def batch_at(
@@ -73,16 +73,6 @@ def batch_at(
     if not out:
         return "idle"
     return tuple(out)
-
-
-def running_count(lives: Iterable[Life], n: int) -> int:
-    """How many known requests were in the running queue at step ``n``.
-
-    >>> a = Life(first=1, first_token=2, last=9, input_len=10, output_len=8, preempted=False)
-    >>> running_count([a], 9), running_count([a], 10)
-    (1, 0)
-    """
-    return sum(1 for life in lives if life.first <= n <= life.last)
 
 
 @dataclass(frozen=True, slots=True)
