@@ -29,6 +29,11 @@ def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         (["serve", "--mode", "edge"], 2, "invalid setting mode='edge'"),
         (["serve", "--model-config", "llama-3.1-8b-instruct", "--tp", "0"], 2, "configuration.tp"),
         (["demo", "--sample-rates", "1,2"], 2, "--sample-rates"),
+        # the journey-step and loop-wait settings (issue 14)
+        (["serve", "--set", "joiner.loop_wait_delay_s=-1"], 2, "joiner.loop_wait_delay_s"),
+        (["serve", "--set", "joiner.max_span_steps=abc"], 2, "joiner.max_span_steps"),
+        (["serve", "--set", "joiner.journey_steps=maybe"], 2, "joiner.journey_steps"),
+        (["serve", "--set", "learners.queueing_forgetting=1.5"], 2, "queueing_forgetting"),
     ],
 )
 def test_bad_flags_exit_with_one_line(
