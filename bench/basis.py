@@ -21,17 +21,17 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from learners.features.basis import BLIS_DEFAULT_BETA, BlisBasis, batch_stats
-from learners.features.catalog import load_model
-from learners.features.hardware import load_hardware
-from learners.features.observe import aggregates_from_requests, step_features
-from receivers.observations import (
+from coeffd.learners.features.basis import BLIS_DEFAULT_BETA, BlisBasis, batch_stats
+from coeffd.learners.features.catalog import load_model
+from coeffd.learners.features.hardware import load_hardware
+from coeffd.learners.features.observe import aggregates_from_requests, step_features
+from coeffd.records.events import Source
+from coeffd.records.observations import (
     BatchRequest,
     Composition,
     PeriodMethod,
     StepObservation,
 )
-from receivers.records import Source
 
 __all__ = ["main", "realistic_batch"]
 

@@ -48,8 +48,8 @@ from typing import Any
 import numpy as np
 import structlog
 
-from learners.evaluation import regime_error
-from simfleet import (
+from coeffd.learners.evaluation import regime_error
+from coeffd.simfleet import (
     BLIS_ALPHA,
     BLIS_BETA,
     Coefficients,
@@ -60,11 +60,11 @@ from simfleet import (
     ServingConfig,
     Workload,
 )
-from simfleet import (
+from coeffd.simfleet import (
     run as simulate,
 )
-from simfleet.run import config_id, resource_attributes
-from simfleet.scenarios import true_coefficients
+from coeffd.simfleet.run import config_id, resource_attributes
+from coeffd.simfleet.scenarios import true_coefficients
 
 DEFAULT_RATES = SampleRates(1.0, 0.01, 0.001, 100)  # vLLM's defaults (spec §3)
 DENSE_RATES = SampleRates(1.0, 1.0, 0.001, 100)  # every step summarized
@@ -291,10 +291,10 @@ def learn(
     """
     import orjson
 
-    from daemon.commands.pull import pull
-    from daemon.commands.serve import build_app
-    from daemon.publish.snapshot import decode_snapshot
-    from daemon.settings import load_settings
+    from coeffd.daemon.commands.pull import pull
+    from coeffd.daemon.commands.serve import build_app
+    from coeffd.daemon.publish.snapshot import decode_snapshot
+    from coeffd.daemon.settings import load_settings
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="coeffd-closedloop-") as tmp:
@@ -471,8 +471,8 @@ def run(
 
 def regime_terms(spec: EngineSpec) -> dict[str, Any]:
     """BLIS terms of the fixed per-regime batches for ``spec``'s configuration."""
-    from learners.evaluation import regime_batches
-    from learners.features import BlisBasis, load_hardware, load_model
+    from coeffd.learners.evaluation import regime_batches
+    from coeffd.learners.features import BlisBasis, load_hardware, load_model
 
     sc = spec.serving
     basis = BlisBasis(load_model(sc.model), load_hardware(sc.gpu), tp=sc.tp, dp=sc.dp)
@@ -483,7 +483,7 @@ def regime_terms(spec: EngineSpec) -> dict[str, Any]:
 def _version_change(
     spec: EngineSpec, p: Pulled, mix: Any, rate: float, serve_s: float, seed: int
 ) -> VersionChange:
-    from daemon.publish.snapshot import step_time_change
+    from coeffd.daemon.publish.snapshot import step_time_change
 
     vs = p.steady_versions()
     distinct = [v for i, v in enumerate(vs) if i == 0 or v[2:] != vs[i - 1][2:]]

@@ -64,9 +64,9 @@ def _rss_mb() -> float:
 
 def _child(kind: str, n: int, variant: str) -> dict[str, Any]:
     """Runs in the child process: build the body, handle it once, report."""
-    from receivers.otlp.decode import Decoder
-    from receivers.otlp.fastproto import FastExportRequest
-    from receivers.otlp.limits import RequestLimits, check_request
+    from coeffd.receivers.otlp.decode import Decoder
+    from coeffd.receivers.otlp.fastproto import FastExportRequest
+    from coeffd.receivers.otlp.limits import RequestLimits, check_request
 
     body = attack_body(kind, n)
     decoder = Decoder()
@@ -104,9 +104,9 @@ def _run(kind: str, n: int, variant: str) -> dict[str, Any]:
 def _legit_share() -> str:
     """The check's CPU on vLLM-shaped requests as a share of their parse + decode."""
     from bench.ingest import build_core_request, build_step_request
-    from receivers.otlp.decode import Decoder
-    from receivers.otlp.fastproto import FastExportRequest
-    from receivers.otlp.limits import RequestLimits, check_request
+    from coeffd.receivers.otlp.decode import Decoder
+    from coeffd.receivers.otlp.fastproto import FastExportRequest
+    from coeffd.receivers.otlp.limits import RequestLimits, check_request
 
     rng = random.Random(7)
     lines = []

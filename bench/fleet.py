@@ -39,20 +39,20 @@ import numpy as np
 import orjson
 import structlog
 
-from daemon import api
-from daemon.commands.pull import pull
-from daemon.fleet import FleetPublisher
-from daemon.http.server import HttpServer
-from daemon.publish.snapshot import SnapshotStore
-from learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA
-from learners.features.config import ServingConfig
-from learners.fleet import FleetModel
-from learners.registry import LearnerRegistry
-from receivers.joiner import Joiner
-from receivers.otlp.decode import Decoder
-from simfleet import SampleRates
-from simfleet import run as simulate
-from simfleet.scenarios import FLEET_SHARED, fleet_shared_engine
+from coeffd.daemon import api
+from coeffd.daemon.commands.pull import pull
+from coeffd.daemon.fleet import FleetPublisher
+from coeffd.daemon.http.server import HttpServer
+from coeffd.daemon.publish.snapshot import SnapshotStore
+from coeffd.learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA
+from coeffd.learners.features.config import ServingConfig
+from coeffd.learners.fleet import FleetModel
+from coeffd.learners.registry import LearnerRegistry
+from coeffd.receivers.joiner import Joiner
+from coeffd.receivers.otlp.decode import Decoder
+from coeffd.simfleet import SampleRates
+from coeffd.simfleet import run as simulate
+from coeffd.simfleet.scenarios import FLEET_SHARED, fleet_shared_engine
 
 LOCO_TARGET = 0.5  # fleet LOCO error / BLIS defaults' error, every configuration
 STATED_TARGET = 1.5  # actual error of the pulled prediction / its stated expected error

@@ -29,9 +29,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from receivers.otlp.decode import Decoder
-from receivers.otlp.fastproto import FastExportRequest
-from receivers.records import (
+from coeffd.receivers.otlp.decode import Decoder
+from coeffd.receivers.otlp.fastproto import FastExportRequest
+from coeffd.records.events import (
     BatchSummary,
     CoreSpan,
     JourneyEvent,

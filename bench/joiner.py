@@ -28,8 +28,8 @@ import time
 import tracemalloc
 from collections.abc import Callable, Sequence
 
-from receivers.joiner import Joiner, JoinerConfig
-from receivers.records import (
+from coeffd.receivers.joiner import Joiner, JoinerConfig
+from coeffd.records.events import (
     ApiEvent,
     ApiKind,
     BatchSummary,

@@ -24,14 +24,20 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from learners.config import LearnersConfig
-from learners.drift import DriftMonitor
-from learners.evaluation import WindowedRefit
-from learners.features import BLIS_DEFAULT_BETA, TERM_NAMES, BlisBasis, load_hardware, load_model
-from learners.prior import PooledPrior, prior_precision
-from learners.rls import RLSRegressor
-from learners.steady import SteadyEstimator
-from learners.synthetic import TRUE_BETA, SyntheticSteps, synth_steps
+from coeffd.learners.config import LearnersConfig
+from coeffd.learners.drift import DriftMonitor
+from coeffd.learners.evaluation import WindowedRefit
+from coeffd.learners.features import (
+    BLIS_DEFAULT_BETA,
+    TERM_NAMES,
+    BlisBasis,
+    load_hardware,
+    load_model,
+)
+from coeffd.learners.prior import PooledPrior, prior_precision
+from coeffd.learners.rls import RLSRegressor
+from coeffd.learners.steady import SteadyEstimator
+from coeffd.learners.synthetic import TRUE_BETA, SyntheticSteps, synth_steps
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -426,13 +432,13 @@ def _truth_beta(conf: dict[str, object], t_s: float) -> FloatArray:
 
 def simfleet_mode(cfg: LearnersConfig, scenario: str, duration: float, seed: int) -> list[Check]:
     """The real pipeline: simfleet → OTLP decode → joiner → registry, against simfleet's truth."""
-    from learners.features.config import ServingConfig
-    from learners.features.observe import step_features
-    from learners.registry import LearnerRegistry
-    from receivers.joiner import Joiner, JoinerConfig
-    from receivers.observations import StepObservation
-    from receivers.otlp.decode import Decoder, decode_request
-    from simfleet import SampleRates, run
+    from coeffd.learners.features.config import ServingConfig
+    from coeffd.learners.features.observe import step_features
+    from coeffd.learners.registry import LearnerRegistry
+    from coeffd.receivers.joiner import Joiner, JoinerConfig
+    from coeffd.receivers.otlp.decode import Decoder, decode_request
+    from coeffd.records.observations import StepObservation
+    from coeffd.simfleet import SampleRates, run
 
     print(
         f"\n== simfleet {scenario}: {duration:.0f} simulated s, seed {seed} (OTLP decode → joiner → registry)"

@@ -43,12 +43,12 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from bench.serve import RATES, LiveSender, record
-from daemon.commands.serve import build_consumer
-from daemon.sampling import EngineSampler
-from daemon.settings import load_settings
-from daemon.shedding import LoadShedder
-from receivers.joiner import Joiner
-from receivers.otlp.decode import Decoder
+from coeffd.daemon.commands.serve import build_consumer
+from coeffd.daemon.sampling import EngineSampler
+from coeffd.daemon.settings import load_settings
+from coeffd.daemon.shedding import LoadShedder
+from coeffd.receivers.joiner import Joiner
+from coeffd.receivers.otlp.decode import Decoder
 
 TICK_S = 0.25
 TARGET = 150_000  # issue 7: events/s end to end on one core

@@ -22,9 +22,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import structlog
 
-from learners.config import LearnersConfig
-from learners.drift import DriftMonitor
-from learners.rls import RLSRegressor
+from coeffd.learners.config import LearnersConfig
+from coeffd.learners.drift import DriftMonitor
+from coeffd.learners.rls import RLSRegressor
 
 D = 11
 

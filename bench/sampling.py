@@ -62,13 +62,13 @@ def _regime(batch: Sequence[Any], tokens: int) -> str:
 
 def run_one(label: str, spec: Any, duration_s: float, step_rate: float, seed: int) -> Result:
     """Learn one engine's configuration in process; error vs noiseless truth over time."""
-    from learners.config import LearnersConfig
-    from learners.features.config import ServingConfig
-    from learners.registry import LearnerRegistry
-    from receivers.joiner import Joiner, JoinerConfig
-    from receivers.observations import PeriodMethod, StepObservation
-    from receivers.otlp.decode import Decoder, decode_request
-    from simfleet import SampleRates, run
+    from coeffd.learners.config import LearnersConfig
+    from coeffd.learners.features.config import ServingConfig
+    from coeffd.learners.registry import LearnerRegistry
+    from coeffd.receivers.joiner import Joiner, JoinerConfig
+    from coeffd.receivers.otlp.decode import Decoder, decode_request
+    from coeffd.records.observations import PeriodMethod, StepObservation
+    from coeffd.simfleet import SampleRates, run
 
     res = Result(label)
     t0 = time.perf_counter()
@@ -167,9 +167,9 @@ def run_one(label: str, spec: Any, duration_s: float, step_rate: float, seed: in
 def join_cost(duration_s: float, seed: int, repeats: int = 3) -> tuple[float, float, int]:
     """Joiner CPU µs per event at vLLM's default sampling with and without the journey
     steps (best of ``repeats``, same decoded records, process CPU time)."""
-    from receivers.joiner import Joiner, JoinerConfig
-    from receivers.otlp.decode import Decoder, decode_request
-    from simfleet import SampleRates, run
+    from coeffd.receivers.joiner import Joiner, JoinerConfig
+    from coeffd.receivers.otlp.decode import Decoder, decode_request
+    from coeffd.simfleet import SampleRates, run
 
     dec = Decoder()
     batches: list[list[Any]] = []
@@ -216,8 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="one seed, 180 s, default rate only")
     args = ap.parse_args(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
-    from simfleet import ServingConfig, Workload
-    from simfleet.scenarios import _engine
+    from coeffd.simfleet import ServingConfig, Workload
+    from coeffd.simfleet.scenarios import _engine
 
     seeds = [int(s) for s in args.seeds.split(",")]
     duration = args.duration

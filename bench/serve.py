@@ -57,8 +57,8 @@ import grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from prometheus_client.parser import text_string_to_metric_families
 
-from receivers.otlp.decode import Decoder
-from simfleet import SampleRates, build, replica, run
+from coeffd.receivers.otlp.decode import Decoder
+from coeffd.simfleet import SampleRates, build, replica, run
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -276,11 +276,11 @@ def _pin(core: int) -> None:
 
 
 class DaemonProc:
-    """``python -m daemon serve`` pinned to one core, JSON logs parsed for its ports."""
+    """``python -m coeffd serve`` pinned to one core, JSON logs parsed for its ports."""
 
     def __init__(self, tmp: Path, *settings: str) -> None:
         cmd = [
-            sys.executable, "-m", "daemon", "serve", "--log-format", "json", "--log-level", "info",
+            sys.executable, "-m", "coeffd", "serve", "--log-format", "json", "--log-level", "info",
             "--http-endpoint", "127.0.0.1:0", "--otlp-grpc-endpoint", "127.0.0.1:0",
             "--otlp-http-endpoint", "127.0.0.1:0", "--snapshot-dir", str(tmp / "snapshots"),
             "--state-dir", str(tmp / "state"), *settings,

@@ -28,8 +28,8 @@ import grpc
 import zmq
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-import simfleet
-from simfleet.run import RunResult
+from coeffd import simfleet
+from coeffd.simfleet.run import RunResult
 
 RATES = simfleet.SampleRates(1.0, 1.0, 0.001, 100)
 

@@ -62,9 +62,9 @@ import zmq
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench.serve import EXPORT, RATES, ROOT, DaemonProc, LiveSender, Recording, _pin, record
-from daemon.checkpoint import encode_state
-from simfleet import replica
-from simfleet.kv import encode_batch
+from coeffd.daemon.checkpoint import encode_state
+from coeffd.simfleet import replica
+from coeffd.simfleet.kv import encode_batch
 
 WINDOW_S = 30.0  # the daemon's default joiner.window_s: learning starts a window late
 HEALTH_P99_TARGET_S = 0.1
@@ -605,7 +605,7 @@ def poisoned_checkpoint(state_dir: Path) -> None:
 def second_daemon(tmp: Path, grpc_port: int) -> str:
     """Start another daemon on the soak daemon's gRPC port: it must refuse to start."""
     cmd = [
-        sys.executable, "-m", "daemon", "serve", "--otlp-grpc-endpoint", f"127.0.0.1:{grpc_port}",
+        sys.executable, "-m", "coeffd", "serve", "--otlp-grpc-endpoint", f"127.0.0.1:{grpc_port}",
         "--otlp-http-endpoint", "127.0.0.1:0", "--http-endpoint", "127.0.0.1:0",
         "--snapshot-dir", str(tmp / "second" / "snapshots"), "--state-dir", str(tmp / "second" / "state"),
     ]  # fmt: skip

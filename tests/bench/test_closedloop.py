@@ -16,8 +16,8 @@ from bench.closedloop import (
     serve,
     with_coefficients,
 )
-from learners.evaluation import REGIMES, regime_error
-from simfleet import BLIS_BETA
+from coeffd.learners.evaluation import REGIMES, regime_error
+from coeffd.simfleet import BLIS_BETA
 
 
 def test_same_coefficients_same_latencies_and_slower_physics_slower_requests() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from simfleet import SampleRates, run
+from coeffd.simfleet import SampleRates, run
 
 
 def fleet_requests(

@@ -18,10 +18,10 @@ from daemon_support import fleet_requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daemon.app import App
-from daemon.commands.serve import build_app
-from daemon.settings import load_settings
-from receivers.otlp.decode import Decoder
+from coeffd.daemon.app import App
+from coeffd.daemon.commands.serve import build_app
+from coeffd.daemon.settings import load_settings
+from coeffd.receivers.otlp.decode import Decoder
 
 FUZZ = settings(
     max_examples=150,

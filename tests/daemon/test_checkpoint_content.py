@@ -21,11 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from daemon.checkpoint import LATEST, PREVIOUS, encode_state
-from daemon.commands.serve import build_consumer
-from daemon.learning import LearningConsumer
-from daemon.settings import load_settings
-from receivers.otlp.decode import Decoder
+from coeffd.daemon.checkpoint import LATEST, PREVIOUS, encode_state
+from coeffd.daemon.commands.serve import build_consumer
+from coeffd.daemon.learning import LearningConsumer
+from coeffd.daemon.settings import load_settings
+from coeffd.receivers.otlp.decode import Decoder
 
 
 def _consumer(
@@ -154,7 +154,7 @@ def test_corrupt_and_garbage_extension_payloads(tmp_path: Path, good_state: dict
     # a numpy array of an object dtype, with a valid checksum
     import msgspec
 
-    from daemon.checkpoint import _EXT_NDARRAY
+    from coeffd.daemon.checkpoint import _EXT_NDARRAY
 
     ext = msgspec.msgpack.Ext(_EXT_NDARRAY, msgspec.msgpack.encode(["|O", [1], b"12345678"]))
     state = {"version": 1, "registry": {"sets": {}, "beta_pool": ext}}

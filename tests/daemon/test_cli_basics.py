@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.cli import build_parser, main
-from daemon.publish.snapshot import coeffd_version
+from coeffd.daemon.cli import build_parser, main
+from coeffd.daemon.publish.snapshot import coeffd_version
 
 
 @pytest.mark.parametrize("flag", ["--version", "-V"])

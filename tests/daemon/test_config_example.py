@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from daemon.settings import Settings, load_settings
+from coeffd.daemon.settings import Settings, load_settings
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config.example.toml"
 

@@ -15,12 +15,12 @@ import zmq
 from daemon_support import fleet_requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.app import App
-from daemon.commands.serve import build_app
-from daemon.learning import LearningConsumer
-from daemon.settings import load_settings
-from learners.features.config import ServingConfig
-from receivers.otlp.decode import Decoder
+from coeffd.daemon.app import App
+from coeffd.daemon.commands.serve import build_app
+from coeffd.daemon.learning import LearningConsumer
+from coeffd.daemon.settings import load_settings
+from coeffd.learners.features.config import ServingConfig
+from coeffd.receivers.otlp.decode import Decoder
 
 WAIT_S = 60.0  # a safety net against hangs, not a timing assertion
 

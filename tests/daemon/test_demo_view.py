@@ -27,7 +27,7 @@ def _demo(tmp: Path) -> str:
         [
             sys.executable,
             "-m",
-            "daemon",
+            "coeffd",
             "demo",
             "--scenario",
             "steady",
@@ -85,7 +85,7 @@ def test_commands_under_the_table_name_the_venv_when_coeffd_is_not_on_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``make run`` starts ``.venv/bin/coeffd``; a fresh clone has no ``coeffd`` on PATH."""
-    from daemon.commands.demo import command_name
+    from coeffd.daemon.commands.demo import command_name
 
     exe = tmp_path / ".venv" / "bin" / "coeffd"
     exe.parent.mkdir(parents=True)

@@ -13,14 +13,14 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from prometheus_client import CollectorRegistry
 
-from daemon.commands.serve import build_consumer
-from daemon.learning import LearningConsumer
-from daemon.sampling import EngineSampler, engine_hash
-from daemon.settings import SettingsError, load_settings
-from receivers.kv.subscriber import source_from_attributes
-from receivers.otlp.decode import Decoder
-from receivers.records import Source
-from simfleet import SampleRates, replica, run
+from coeffd.daemon.commands.serve import build_consumer
+from coeffd.daemon.learning import LearningConsumer
+from coeffd.daemon.sampling import EngineSampler, engine_hash
+from coeffd.daemon.settings import SettingsError, load_settings
+from coeffd.receivers.kv.subscriber import source_from_attributes
+from coeffd.receivers.otlp.decode import Decoder
+from coeffd.records.events import Source
+from coeffd.simfleet import SampleRates, replica, run
 
 
 class Clock:

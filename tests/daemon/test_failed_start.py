@@ -16,7 +16,7 @@ def test_port_in_use_writes_no_checkpoint(tmp_path: Path) -> None:
         busy.listen(1)
         port = busy.getsockname()[1]
         proc = subprocess.run(
-            [sys.executable, "-m", "daemon", "serve", "--log-format", "json",
+            [sys.executable, "-m", "coeffd", "serve", "--log-format", "json",
              "--model-config", "llama-3.1-8b-instruct", "--mode", "sidecar",
              "--http-endpoint", f"127.0.0.1:{port}",
              "--otlp-grpc-endpoint", "127.0.0.1:0", "--otlp-http-endpoint", "127.0.0.1:0",

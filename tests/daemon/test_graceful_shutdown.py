@@ -26,7 +26,7 @@ def test_sigterm_drains_and_exits_zero(tmp_path: Path) -> None:
     http_port, otlp_http = _free_port(), _free_port()
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "daemon", "serve",
+            sys.executable, "-m", "coeffd", "serve",
             "--log-format", "json",
             "--http-endpoint", f"127.0.0.1:{http_port}",
             "--otlp-http-endpoint", f"127.0.0.1:{otlp_http}",

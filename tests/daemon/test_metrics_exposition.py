@@ -19,13 +19,13 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.commands import configurations
-from daemon.commands.replay import replay_settings, run_replay
-from daemon.commands.serve import build_app
-from daemon.learning import LearningConsumer
-from daemon.publish.snapshot import coeffd_version
-from daemon.settings import load_settings
-from simfleet import SampleRates, run
+from coeffd.daemon.commands import configurations
+from coeffd.daemon.commands.replay import replay_settings, run_replay
+from coeffd.daemon.commands.serve import build_app
+from coeffd.daemon.learning import LearningConsumer
+from coeffd.daemon.publish.snapshot import coeffd_version
+from coeffd.daemon.settings import load_settings
+from coeffd.simfleet import SampleRates, run
 
 
 @pytest.fixture(scope="module")

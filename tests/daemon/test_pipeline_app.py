@@ -9,10 +9,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from daemon.app import App, CountingConsumer, Pipeline
-from daemon.http import Request, Response
-from daemon.metrics import ReceiverMetrics
-from daemon.settings import Settings
+from coeffd.daemon.app import App, CountingConsumer, Pipeline
+from coeffd.daemon.http import Request, Response
+from coeffd.daemon.metrics import ReceiverMetrics
+from coeffd.daemon.settings import Settings
 
 
 def _wait(cond: Any, timeout: float = 10.0) -> bool:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 
-from daemon.app import App
-from daemon.settings import Settings
+from coeffd.daemon.app import App
+from coeffd.daemon.settings import Settings
 
 
 def _ready(app: App, query: str = "") -> tuple[int, str]:

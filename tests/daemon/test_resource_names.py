@@ -17,11 +17,11 @@ from daemon_support import fleet_requests
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from prometheus_client import CollectorRegistry
 
-from daemon.commands.serve import build_consumer
-from daemon.settings import load_settings
-from receivers.otlp.decode import Decoder
+from coeffd.daemon.commands.serve import build_consumer
+from coeffd.daemon.settings import load_settings
+from coeffd.receivers.otlp.decode import Decoder
 
-BUNDLED = Path(__file__).resolve().parents[2] / "learners/features/data/models"
+BUNDLED = Path(__file__).resolve().parents[2] / "coeffd/learners/features/data/models"
 
 
 @pytest.fixture(scope="module")

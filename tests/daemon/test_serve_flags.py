@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "daemon", *args],
+        [sys.executable, "-m", "coeffd", *args],
         cwd=cwd,
         capture_output=True,
         text=True,

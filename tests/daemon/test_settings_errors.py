@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.cli import main
-from daemon.settings import SettingsError, load_settings
+from coeffd.daemon.cli import main
+from coeffd.daemon.settings import SettingsError, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -170,7 +170,7 @@ def test_read_only_state_dir_fails_at_start(
 
 def test_a_real_process_prints_one_line_and_exits_2(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "daemon", "serve", "--log-format", "json",
+        [sys.executable, "-m", "coeffd", "serve", "--log-format", "json",
          "--model-config", "no-such-model", "--state-dir", str(tmp_path / "t"),
          "--snapshot-dir", str(tmp_path / "s")],
         cwd=ROOT, capture_output=True, text=True, timeout=120,

@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from daemon.cli import build_parser
-from daemon.commands.common import settings_from_args
-from daemon.settings import Settings, SettingsError, _section_model, load_settings
+from coeffd.daemon.cli import build_parser
+from coeffd.daemon.commands.common import settings_from_args
+from coeffd.daemon.settings import Settings, SettingsError, _section_model, load_settings
 
 
 def _keys(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

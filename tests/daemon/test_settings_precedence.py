@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from daemon.cli import build_parser
-from daemon.commands.common import settings_from_args
-from daemon.settings import Settings, SettingsError, load_settings
+from coeffd.daemon.cli import build_parser
+from coeffd.daemon.commands.common import settings_from_args
+from coeffd.daemon.settings import Settings, SettingsError, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -141,7 +141,7 @@ def test_invalid_values_one_line(tmp_path: Path, layer: str, value: object, mess
 )
 def test_serve_exits_2_with_one_line(argv: list[str], env: dict[str, str], expected: str) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "daemon", "serve", *argv],
+        [sys.executable, "-m", "coeffd", "serve", *argv],
         capture_output=True,
         text=True,
         cwd=ROOT,

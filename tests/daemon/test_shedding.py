@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from daemon.commands.replay import replay_settings
-from daemon.commands.serve import build_app, build_consumer
-from daemon.learning import LearningConsumer
-from daemon.settings import load_settings
-from receivers.otlp.decode import Decoder
-from receivers.records import BatchSummary
-from simfleet import SampleRates, run
+from coeffd.daemon.commands.replay import replay_settings
+from coeffd.daemon.commands.serve import build_app, build_consumer
+from coeffd.daemon.learning import LearningConsumer
+from coeffd.daemon.settings import load_settings
+from coeffd.receivers.otlp.decode import Decoder
+from coeffd.records.events import BatchSummary
+from coeffd.simfleet import SampleRates, run
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,10 @@ import zmq
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.app import App
-from daemon.settings import Settings
-from daemon.supervise import Supervisor
-from receivers.kv import KVSubscriber
+from coeffd.daemon.app import App
+from coeffd.daemon.settings import Settings
+from coeffd.daemon.supervise import Supervisor
+from coeffd.receivers.kv import KVSubscriber
 
 WAIT_S = 30.0  # safety net against hangs, not a timing assertion
 

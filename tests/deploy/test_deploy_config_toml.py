@@ -14,9 +14,9 @@ import pytest
 import yaml
 from deploy_helpers import CHART, REPO, config_toml, manifests, one, render, wrapper_chart
 
-from daemon.settings import Settings, load_settings
-from learners.features.config import ConfigurationSettings, ServingConfig
-from receivers.records import Source
+from coeffd.daemon.settings import Settings, load_settings
+from coeffd.learners.features.config import ConfigurationSettings, ServingConfig
+from coeffd.records.events import Source
 
 DEFAULTS: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())["settings"]
 

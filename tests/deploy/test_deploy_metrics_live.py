@@ -1,7 +1,7 @@
 """The Grafana dashboard, the alert rules and the collector config use only metric names
 the daemon really exports.
 
-A real daemon is started (``python -m daemon serve``) with the config.toml the chart
+A real daemon is started (``python -m coeffd serve``) with the config.toml the chart
 renders (the fleet ConfigMap, ports moved to free localhost ports), fed a short
 ``coeffd simfleet`` run (OTLP/gRPC spans + ZMQ KV events) when that command exists, and scraped over HTTP;
 the scrape is parsed with ``prometheus_client.parser``.
@@ -96,7 +96,7 @@ def _clean_env() -> dict[str, str]:
 
 def _cli_has(command: str) -> bool:
     out = subprocess.run(
-        [sys.executable, "-m", "daemon", "--help"],
+        [sys.executable, "-m", "coeffd", "--help"],
         cwd=REPO,
         env=_clean_env(),
         capture_output=True,
@@ -132,7 +132,7 @@ def _events_received(base: str) -> float:
 
 def _simfleet(grpc: int, kv: int | None = None) -> None:
     """A short simulated vLLM run (journey + step spans over OTLP/gRPC, KV events)."""
-    args = [sys.executable, "-m", "daemon", "simfleet", "--scenario", "steady"]
+    args = [sys.executable, "-m", "coeffd", "simfleet", "--scenario", "steady"]
     args += ["--duration", "20", "--otlp-endpoint", f"127.0.0.1:{grpc}"]
     if kv is not None:
         args += ["--kv-endpoint", f"tcp://127.0.0.1:{kv}"]
@@ -178,7 +178,7 @@ def _daemon(values: dict[str, Any], work: Path) -> Iterator[tuple[subprocess.Pop
     ready = _readiness_path(docs)  # what the chart's probe asks (a sidecar's excludes some)
     with cfg.with_suffix(".log").open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "daemon", "serve", "--config", str(cfg)],
+            [sys.executable, "-m", "coeffd", "serve", "--config", str(cfg)],
             cwd=REPO,
             env=_clean_env(),
             stdout=log,

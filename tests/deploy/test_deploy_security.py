@@ -26,7 +26,7 @@ from deploy_helpers import (
 )
 from test_deploy_chart import SIDECAR_VALUES
 
-from daemon.settings import load_settings
+from coeffd.daemon.settings import load_settings
 from tests.receivers.tls_certs import make_certs
 
 SECURED: dict[str, Any] = {

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from learners.features.basis import BLIS_DEFAULT_BETA, BlisBasis
-from learners.features.catalog import load_model
-from learners.features.hardware import HardwareSpec, load_hardware, spec_from_mapping
-from learners.features.model import ModelSpec
-from receivers.observations import BatchRequest
+from coeffd.learners.features.basis import BLIS_DEFAULT_BETA, BlisBasis
+from coeffd.learners.features.catalog import load_model
+from coeffd.learners.features.hardware import HardwareSpec, load_hardware, spec_from_mapping
+from coeffd.learners.features.model import ModelSpec
+from coeffd.records.observations import BatchRequest
 
 
 def rep(n: int, i: int, p: int, t: int, o: int) -> list[BatchRequest]:

@@ -21,31 +21,31 @@ from features_support import (
     rep,
 )
 
-from learners.features.basis import (
+from coeffd.learners.features.basis import (
     TERM_INDEX,
     BasisConfigError,
     BlisBasis,
     normalize_beta,
     step_time_from_s,
 )
-from learners.features.config import ServingConfig
-from learners.features.extended import EXTENDED_INDEX, EXTENDED_NAMES, extended_terms
-from learners.features.hardware import spec_from_mapping
-from learners.features.model import ModelSpec
-from learners.features.observe import (
+from coeffd.learners.features.config import ServingConfig
+from coeffd.learners.features.extended import EXTENDED_INDEX, EXTENDED_NAMES, extended_terms
+from coeffd.learners.features.hardware import spec_from_mapping
+from coeffd.learners.features.model import ModelSpec
+from coeffd.learners.features.observe import (
     aggregates_from_requests,
     fill_transfer_bytes,
     kv_bytes_per_block,
     step_features,
 )
-from receivers.observations import (
+from coeffd.records.events import Source
+from coeffd.records.observations import (
     BatchRequest,
     Composition,
     KVTransferObservation,
     PeriodMethod,
     StepObservation,
 )
-from receivers.records import Source
 
 # --------------------------------------------------------------------------- validation
 

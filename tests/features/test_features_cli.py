@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.commands import basis as basis_cmd
+from coeffd.daemon.commands import basis as basis_cmd
 
 LLAMA_H100 = ["--model-config", "llama-3.1-8b-instruct", "--hardware", "H100", "--tp", "1"]
 
@@ -50,7 +50,10 @@ def test_basis_prints_terms_and_step(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_basis_with_paths_and_dp(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    ref = Path(__file__).resolve().parents[2] / "learners/features/data/models/mixtral-8x7b-v0.1"
+    ref = (
+        Path(__file__).resolve().parents[2]
+        / "coeffd/learners/features/data/models/mixtral-8x7b-v0.1"
+    )
     hw = tmp_path / "hw.json"
     hw.write_text(
         json.dumps({"H100x": {"TFlopsPeak": 989.5, "TFlopsFP8": 1979.0, "BwPeakTBs": 3.35}})

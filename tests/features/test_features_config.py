@@ -13,17 +13,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from learners.features.basis import BasisConfigError
-from learners.features.config import (
+from coeffd.learners.features.basis import BasisConfigError
+from coeffd.learners.features.config import (
     BasisResolver,
     ConfigurationSettings,
     ServingConfig,
     ServingConfigError,
     engine_identity,
 )
-from learners.features.hardware import HardwareError
-from learners.features.model import ModelConfigError
-from receivers.records import Source
+from coeffd.learners.features.hardware import HardwareError
+from coeffd.learners.features.model import ModelConfigError
+from coeffd.records.events import Source
 
 FULL = {
     "model": "mixtral-8x7b-v0.1",
@@ -49,7 +49,7 @@ FULL = {
 def test_id_is_stable_across_processes() -> None:
     here = ServingConfig.from_dict(FULL).id
     code = (
-        "import json,sys; from learners.features.config import ServingConfig; "
+        "import json,sys; from coeffd.learners.features.config import ServingConfig; "
         "print(ServingConfig.from_dict(json.loads(sys.argv[1])).id)"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}

@@ -30,9 +30,9 @@ from features_support import (
     rep,
 )
 
-from learners.features.alpha import single_request_timeline
-from learners.features.basis import BLIS_DEFAULT_ALPHA, TERM_INDEX, BlisBasis
-from receivers.observations import BatchRequest
+from coeffd.learners.features.alpha import single_request_timeline
+from coeffd.learners.features.basis import BLIS_DEFAULT_ALPHA, TERM_INDEX, BlisBasis
+from coeffd.records.observations import BatchRequest
 
 
 def check(actual: float, printed: str) -> None:
@@ -153,7 +153,7 @@ def test_g6_dispatch_per_layer_both_families() -> None:
 
 
 def test_g7_beta_ep_default() -> None:
-    from learners.features.basis import normalize_beta
+    from coeffd.learners.features.basis import normalize_beta
 
     assert normalize_beta(D10)[0][10] == 0.752037
     assert normalize_beta([*D10, 0.9999])[0][10] == 0.9999

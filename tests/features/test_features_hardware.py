@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from learners.features.hardware import (
+from coeffd.learners.features.hardware import (
     HardwareError,
     available_gpus,
     load_hardware,

@@ -9,8 +9,13 @@ from typing import Any
 import pytest
 from features_support import DENSE_TEST
 
-from learners.features.catalog import MODELS, load_model, model_config, resolve_model
-from learners.features.model import ModelConfigError, ModelSpec, config_hash, weight_bytes_from_name
+from coeffd.learners.features.catalog import MODELS, load_model, model_config, resolve_model
+from coeffd.learners.features.model import (
+    ModelConfigError,
+    ModelSpec,
+    config_hash,
+    weight_bytes_from_name,
+)
 
 # The repository's dense test model (Llama-3.1-8B numbers) as a plain config dict.
 BASE: dict[str, Any] = dict(DENSE_TEST.raw)

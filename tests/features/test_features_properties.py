@@ -22,9 +22,9 @@ from features_support import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from learners.features.basis import TERM_INDEX, BlisBasis, batch_stats
-from learners.features.model import ModelSpec
-from receivers.observations import BatchRequest
+from coeffd.learners.features.basis import TERM_INDEX, BlisBasis, batch_stats
+from coeffd.learners.features.model import ModelSpec
+from coeffd.records.observations import BatchRequest
 
 IX = TERM_INDEX
 

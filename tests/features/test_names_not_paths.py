@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from learners.features.catalog import UnknownModelError, find_model
-from learners.features.config import BasisResolver, ServingConfig
-from learners.features.files import MAX_DESCRIPTION_BYTES, NotANameError, read_text_bounded
-from learners.features.hardware import UnknownGpuError, find_hardware
+from coeffd.learners.features.catalog import UnknownModelError, find_model
+from coeffd.learners.features.config import BasisResolver, ServingConfig
+from coeffd.learners.features.files import MAX_DESCRIPTION_BYTES, NotANameError, read_text_bounded
+from coeffd.learners.features.hardware import UnknownGpuError, find_hardware
 
-BUNDLED = Path(__file__).resolve().parents[2] / "learners/features/data/models"
+BUNDLED = Path(__file__).resolve().parents[2] / "coeffd/learners/features/data/models"
 
 
 def finishes(fn: Callable[[], Any]) -> Any:

@@ -13,10 +13,10 @@ from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from receivers.kv.decode import decode_kv_message
-from receivers.kv.subscriber import source_from_attributes
-from receivers.otlp.decode import Decoder, decode_request
-from receivers.records import Record
+from coeffd.receivers.kv.decode import decode_kv_message
+from coeffd.receivers.kv.subscriber import source_from_attributes
+from coeffd.receivers.otlp.decode import Decoder, decode_request
+from coeffd.records.events import Record
 
 
 @dataclass
@@ -51,7 +51,7 @@ class _KVSink:
 
 def run_fleet(scenario: Any, duration_s: float, seed: int = 1, **kw: Any) -> FleetRun:
     """Run a scenario with ``record_steps`` and collect every delivery batch in order."""
-    from simfleet.run import run
+    from coeffd.simfleet.run import run
 
     fr = FleetRun()
     dec = Decoder()

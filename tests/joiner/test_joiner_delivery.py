@@ -13,17 +13,17 @@ import msgspec
 import pytest
 from prometheus_client import CollectorRegistry
 
-from receivers.joiner import Joiner, JoinerConfig
-from receivers.joiner.engine import EngineState
-from receivers.joiner.synthetic import S_NS, Batch, SynthConfig, generate
-from receivers.observations import (
+from coeffd.receivers.joiner import Joiner, JoinerConfig
+from coeffd.receivers.joiner.engine import EngineState
+from coeffd.receivers.joiner.synthetic import S_NS, Batch, SynthConfig, generate
+from coeffd.records.events import Source
+from coeffd.records.observations import (
     KVTransferObservation,
     Observation,
     PeriodMethod,
     RequestObservation,
     StepObservation,
 )
-from receivers.records import Source
 
 
 def _key(o: Observation) -> tuple:

@@ -16,14 +16,14 @@ from dataclasses import replace
 import pytest
 from joiner_fleet import FleetRun, batch_shape, run_fleet
 
-from receivers.joiner import Joiner, JoinerConfig
-from receivers.observations import (
+from coeffd.receivers.joiner import Joiner, JoinerConfig
+from coeffd.records.observations import (
     PeriodMethod,
     RequestObservation,
     StepObservation,
 )
-from simfleet.config import SampleRates
-from simfleet.scenarios import build
+from coeffd.simfleet.config import SampleRates
+from coeffd.simfleet.scenarios import build
 
 DEFAULT = SampleRates()  # vLLM: journey 1.0, step 0.01, rich 0.001, closure 100
 

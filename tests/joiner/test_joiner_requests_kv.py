@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import msgspec
 
-from receivers.joiner import Joiner, JoinerConfig
-from receivers.joiner.synthetic import SynthConfig, generate
-from receivers.observations import KVTransferObservation, RequestObservation, StepObservation
-from receivers.records import ApiEvent, ApiKind, KVBatchInfo, KVTransfer, Source
+from coeffd.receivers.joiner import Joiner, JoinerConfig
+from coeffd.receivers.joiner.synthetic import SynthConfig, generate
+from coeffd.records.events import ApiEvent, ApiKind, KVBatchInfo, KVTransfer, Source
+from coeffd.records.observations import KVTransferObservation, RequestObservation, StepObservation
 
 
 def _all(batches, cfg: JoinerConfig | None = None) -> tuple[Joiner, list]:

@@ -25,17 +25,17 @@ import msgspec
 import pytest
 from joiner_fleet import FleetRun, batch_shape, run_fleet
 
-from receivers.joiner import Joiner, JoinerConfig
-from receivers.observations import (
+from coeffd.receivers.joiner import Joiner, JoinerConfig
+from coeffd.records.events import BatchSummary, JourneyEvent, JourneyKind, KVTransfer
+from coeffd.records.observations import (
     Composition,
     KVTransferObservation,
     PeriodMethod,
     RequestObservation,
     StepObservation,
 )
-from receivers.records import BatchSummary, JourneyEvent, JourneyKind, KVTransfer
-from simfleet.config import SampleRates
-from simfleet.scenarios import build
+from coeffd.simfleet.config import SampleRates
+from coeffd.simfleet.scenarios import build
 
 FULL = SampleRates(journey=1.0, step=1.0, rich=0.2, closure_interval=100)
 FULL_NO_RICH = SampleRates(journey=1.0, step=1.0, rich=0.0, closure_interval=100)

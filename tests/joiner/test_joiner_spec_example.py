@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from receivers.joiner import Joiner, JoinerConfig
-from receivers.observations import (
+from coeffd.receivers.joiner import Joiner, JoinerConfig
+from coeffd.receivers.otlp.decode import decode_json
+from coeffd.records.observations import (
     BatchRequest,
     Composition,
     PeriodMethod,
     RequestObservation,
     StepObservation,
 )
-from receivers.otlp.decode import decode_json
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "shared" / "spec" / "vllm-example-traces.jsonl"
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from receivers.kv import KVSubscriber
-from simfleet.kv import KVEndpointError, ZmqPublisher, require_listener
+from coeffd.receivers.kv import KVSubscriber
+from coeffd.simfleet.kv import KVEndpointError, ZmqPublisher, require_listener
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 30.0  # a safety net against hangs, not a timing assertion
@@ -67,7 +67,7 @@ def test_simfleet_refuses_to_connect_where_nobody_listens() -> None:
         require_listener(endpoint)
     proc = subprocess.run(
         [
-            *(sys.executable, "-m", "daemon", "simfleet", "--scenario", "steady"),
+            *(sys.executable, "-m", "coeffd", "simfleet", "--scenario", "steady"),
             *("--duration", "5", "--kv-endpoint", endpoint),
         ],
         capture_output=True,

@@ -22,9 +22,9 @@ from kv_support import (
     positional_payload,
 )
 
-from receivers.kv import decode_kv_message, parse_payload, source_from_attributes
-from receivers.kv.decode import parse_message
-from receivers.records import (
+from coeffd.receivers.kv import decode_kv_message, parse_payload, source_from_attributes
+from coeffd.receivers.kv.decode import parse_message
+from coeffd.records.events import (
     KVAllCleared,
     KVBatchInfo,
     KVBlocks,
@@ -78,7 +78,9 @@ def test_both_forms_equal() -> None:
 
 
 def test_all_event_types_positional_and_map() -> None:
-    from simfleet.kv import FIELDS  # the fleet's own declaration order, as an independent check
+    from coeffd.simfleet.kv import (
+        FIELDS,  # the fleet's own declaration order, as an independent check
+    )
 
     map_events = [
         {"type": e[0], **dict(zip(FIELDS.get(e[0], ()), e[1:], strict=False))}

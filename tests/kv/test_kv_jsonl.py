@@ -9,13 +9,13 @@ from pathlib import Path
 
 from kv_support import MAP_EVENTS, POSITIONAL_EVENTS, TS
 
-from receivers.kv import read_kv_jsonl, source_from_attributes
-from receivers.kv.decode import decode_kv_message, parse_payload
-from receivers.records import KVBlocks
+from coeffd.receivers.kv import read_kv_jsonl, source_from_attributes
+from coeffd.receivers.kv.decode import decode_kv_message, parse_payload
+from coeffd.records.events import KVBlocks
 
 
 def test_reads_simfleet_recording(tmp_path: Path) -> None:
-    from simfleet.kv import KVJsonlWriter, encode_batch
+    from coeffd.simfleet.kv import KVJsonlWriter, encode_batch
 
     path = tmp_path / "kv.jsonl"
     attrs = {"service.name": "vllm", "coeffd.model": "llama"}
@@ -65,7 +65,7 @@ def test_source_id_matches_otlp_decoder() -> None:
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
     from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-    from receivers.otlp.decode import source_for_resource
+    from coeffd.receivers.otlp.decode import source_for_resource
 
     attrs: dict[str, str | int | float | bool] = {
         "service.name": "vllm",

@@ -18,9 +18,9 @@ from kv_support import (
 )
 from prometheus_client import CollectorRegistry
 
-from daemon.metrics import ReceiverMetrics
-from receivers.kv import KVMetrics, KVSubscriber, SequenceTracker
-from receivers.records import KVRecord
+from coeffd.daemon.metrics import ReceiverMetrics
+from coeffd.receivers.kv import KVMetrics, KVSubscriber, SequenceTracker
+from coeffd.records.events import KVRecord
 
 WAIT_S = 30.0  # a safety net against hangs, not a timing assertion
 
@@ -149,7 +149,7 @@ def test_pub_sub_counts_gaps_duplicates_and_bad_input(pub: tuple[zmq.Socket[Any]
 
 def test_bind_mode_with_simfleet_publisher() -> None:
     """Fan-in: the receiver binds, the fleet's own publisher connects (spec §5.1 heuristic)."""
-    from simfleet.kv import ZmqPublisher, encode_batch
+    from coeffd.simfleet.kv import ZmqPublisher, encode_batch
 
     sink = Sink()
     with KVSubscriber(

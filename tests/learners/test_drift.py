@@ -5,11 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from learners.drift import DriftMonitor
-from learners.features import BLIS_DEFAULT_BETA, TERM_NAMES, BlisBasis, load_hardware, load_model
-from learners.prior import prior_precision
-from learners.rls import RLSRegressor
-from learners.synthetic import TRUE_BETA, synth_steps
+from coeffd.learners.drift import DriftMonitor
+from coeffd.learners.features import (
+    BLIS_DEFAULT_BETA,
+    TERM_NAMES,
+    BlisBasis,
+    load_hardware,
+    load_model,
+)
+from coeffd.learners.prior import prior_precision
+from coeffd.learners.rls import RLSRegressor
+from coeffd.learners.synthetic import TRUE_BETA, synth_steps
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +101,8 @@ def test_daemon_does_not_import_scipy_stats() -> None:
 
     code = (
         "import sys\n"
-        "import daemon.commands.serve\n"
-        "from learners.drift import DriftMonitor\n"
+        "import coeffd.daemon.commands.serve\n"
+        "from coeffd.learners.drift import DriftMonitor\n"
         "m = DriftMonitor('adwin', grace=0)\n"
         "hits = [m.update(0.0 if i < 500 else 3.0, i) for i in range(1000)]\n"
         "assert any(hits), 'ADWIN missed a 3-sigma shift'\n"

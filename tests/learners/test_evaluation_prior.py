@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from learners.config import LearnersConfig
-from learners.evaluation import Evaluator, RollingError, WindowedRefit, step_regime
-from learners.features import BLIS_DEFAULT_BETA
-from learners.prior import PooledPrior, prior_precision
+from coeffd.learners.config import LearnersConfig
+from coeffd.learners.evaluation import Evaluator, RollingError, WindowedRefit, step_regime
+from coeffd.learners.features import BLIS_DEFAULT_BETA
+from coeffd.learners.prior import PooledPrior, prior_precision
 
 
 def test_rolling_error_window_and_regimes() -> None:

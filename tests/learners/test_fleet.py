@@ -11,15 +11,15 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.fleet import FleetPublisher
-from daemon.publish.snapshot import SnapshotStore, validate_for_blis
-from learners.features.config import ServingConfig
-from learners.fleet import FLEET_ID, FleetModel, MemberStats
-from learners.registry import LearnerRegistry
-from receivers.joiner import Joiner
-from receivers.otlp.decode import Decoder
-from simfleet import SampleRates, run
-from simfleet.scenarios import FLEET_SHARED, fleet_shared_engine
+from coeffd.daemon.fleet import FleetPublisher
+from coeffd.daemon.publish.snapshot import SnapshotStore, validate_for_blis
+from coeffd.learners.features.config import ServingConfig
+from coeffd.learners.fleet import FLEET_ID, FleetModel, MemberStats
+from coeffd.learners.registry import LearnerRegistry
+from coeffd.receivers.joiner import Joiner
+from coeffd.receivers.otlp.decode import Decoder
+from coeffd.simfleet import SampleRates, run
+from coeffd.simfleet.scenarios import FLEET_SHARED, fleet_shared_engine
 
 HELD_OUT = ("llama8b-a100-tp1", "mixtral-h100-tp2")
 
@@ -86,7 +86,7 @@ def test_chatty_configuration_does_not_drown_the_rest(learned) -> None:
     # unweighted, the loud configuration would have pulled the fleet toward itself
     a = fm._a0 + sum(m.beta_a for m in (chatty, *members[1:]))
     b = fm._b0 + sum(m.beta_b for m in (chatty, *members[1:]))
-    from learners.nnls import nnls_information
+    from coeffd.learners.nnls import nnls_information
 
     raw = nnls_information(a, b)
     x, y = loud.rows_x, loud.rows_y
@@ -185,7 +185,7 @@ def test_no_fleet_snapshot_from_one_configuration(tmp_path) -> None:
 def test_vectorised_fits_equal_the_plain_sums(learned) -> None:
     reg, _ = learned
     fm = FleetModel.from_registry(reg)
-    from learners.nnls import nnls_information
+    from coeffd.learners.nnls import nnls_information
 
     keys = list(fm.members)
     mult = {k: 0.1 * (i + 1) for i, k in enumerate(keys[1:])}  # first left out
@@ -200,7 +200,7 @@ def test_vectorised_fits_equal_the_plain_sums(learned) -> None:
 
 
 def test_bad_statistics_never_make_a_bad_vector() -> None:
-    from learners.features import BLIS_DEFAULT_BETA
+    from coeffd.learners.features import BLIS_DEFAULT_BETA
 
     desc = {"model": "m", "gpu": "H100", "tp": 1}
     nan = MemberStats("nan", desc, np.full((11, 11), np.nan), np.full(11, np.nan), 10.0)

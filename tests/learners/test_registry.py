@@ -9,13 +9,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from learners.config import LearnersConfig
-from learners.evaluation import REGIMES
-from learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA, TERM_NAMES
-from learners.features.config import ServingConfig
-from learners.registry import LearnerRegistry
-from learners.synthetic import TRUE_BETA
-from receivers.observations import (
+from coeffd.learners.config import LearnersConfig
+from coeffd.learners.evaluation import REGIMES
+from coeffd.learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA, TERM_NAMES
+from coeffd.learners.features.config import ServingConfig
+from coeffd.learners.registry import LearnerRegistry
+from coeffd.learners.synthetic import TRUE_BETA
+from coeffd.records.events import Source
+from coeffd.records.observations import (
     BatchRequest,
     Composition,
     KVTransferObservation,
@@ -25,7 +26,6 @@ from receivers.observations import (
     StepAggregates,
     StepObservation,
 )
-from receivers.records import Source
 
 SRC = Source(id="engine-0", attributes=(("coeffd.model", "llama-3.1-8b-instruct"),))
 # The joiner's estimate of the engine-loop wait inside arrival→QUEUED (BLIS's α0 excludes

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from learners.features.config import ServingConfig
-from learners.registry import LearnerRegistry
-from receivers.joiner import Joiner
-from receivers.observations import StepObservation
-from receivers.otlp.decode import Decoder
-from simfleet import SampleRates, run
+from coeffd.learners.features.config import ServingConfig
+from coeffd.learners.registry import LearnerRegistry
+from coeffd.receivers.joiner import Joiner
+from coeffd.receivers.otlp.decode import Decoder
+from coeffd.records.observations import StepObservation
+from coeffd.simfleet import SampleRates, run
 
 
 def _steps() -> list[StepObservation]:

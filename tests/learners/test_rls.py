@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from river import linear_model
 
-from learners.nnls import nnls_information
-from learners.rls import RLSRegressor
+from coeffd.learners.nnls import nnls_information
+from coeffd.learners.rls import RLSRegressor
 
 FEATS5 = ["a", "b", "c", "d", "e"]
 

@@ -6,13 +6,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from learners.config import LearnersConfig
-from learners.drift import DriftMonitor
-from learners.features import BLIS_DEFAULT_BETA, TERM_NAMES, BlisBasis, load_hardware, load_model
-from learners.prior import prior_precision
-from learners.rls import RLSRegressor
-from learners.steady import STEADY, TRACKING, SteadyEstimator, identified_fit, term_sources
-from learners.synthetic import TRUE_BETA, synth_steps
+from coeffd.learners.config import LearnersConfig
+from coeffd.learners.drift import DriftMonitor
+from coeffd.learners.features import (
+    BLIS_DEFAULT_BETA,
+    TERM_NAMES,
+    BlisBasis,
+    load_hardware,
+    load_model,
+)
+from coeffd.learners.prior import prior_precision
+from coeffd.learners.rls import RLSRegressor
+from coeffd.learners.steady import STEADY, TRACKING, SteadyEstimator, identified_fit, term_sources
+from coeffd.learners.synthetic import TRUE_BETA, synth_steps
 
 BASIS = BlisBasis(load_model("llama-3.1-8b-instruct"), load_hardware("H100"), tp=1)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from publish_support import serve
 
-from daemon.publish.snapshot import SnapshotStore
+from coeffd.daemon.publish.snapshot import SnapshotStore
 
 
 @pytest.fixture

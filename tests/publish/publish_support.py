@@ -6,9 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from daemon import api
-from daemon.http.server import HttpServer
-from daemon.publish.snapshot import ConfigurationRef, ErrorStats, Snapshot, SnapshotStore
+from coeffd.daemon import api
+from coeffd.daemon.http.server import HttpServer
+from coeffd.daemon.publish.snapshot import ConfigurationRef, ErrorStats, Snapshot, SnapshotStore
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -54,9 +54,9 @@ def serve(store: SnapshotStore) -> tuple[HttpServer, str]:
 
 
 def run_pull(*args: str) -> subprocess.CompletedProcess[str]:
-    """``coeffd pull ARGS`` as a real subprocess (``python -m daemon pull``)."""
+    """``coeffd pull ARGS`` as a real subprocess (``python -m coeffd pull``)."""
     return subprocess.run(
-        [sys.executable, "-m", "daemon", "pull", *args],
+        [sys.executable, "-m", "coeffd", "pull", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -10,8 +10,8 @@ import pytest
 import yaml as pyyaml
 from publish_support import make_snapshot
 
-from daemon import api
-from daemon.publish.snapshot import SnapshotStore, decode_snapshot
+from coeffd.daemon import api
+from coeffd.daemon.publish.snapshot import SnapshotStore, decode_snapshot
 
 
 def _get(url: str) -> tuple[int, dict[str, str], bytes]:

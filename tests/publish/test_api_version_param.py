@@ -13,8 +13,8 @@ import urllib.request
 import pytest
 from publish_support import make_snapshot
 
-from daemon import api
-from daemon.publish.snapshot import SnapshotStore
+from coeffd.daemon import api
+from coeffd.daemon.publish.snapshot import SnapshotStore
 
 CID = "llama8b-h100-tp1"
 BAD = [

@@ -10,7 +10,7 @@ import pytest
 import yaml as pyyaml
 from publish_support import BLIS_DEFAULTS, make_snapshot
 
-from daemon.publish.blis import (
+from coeffd.daemon.publish.blis import (
     DefaultsYamlError,
     check_defaults_text,
     rewrite_defaults,
@@ -20,7 +20,7 @@ from daemon.publish.blis import (
     to_yaml_block,
     validate_defaults_yaml,
 )
-from daemon.publish.snapshot import InvalidCoefficientsError, decode_snapshot
+from coeffd.daemon.publish.snapshot import InvalidCoefficientsError, decode_snapshot
 
 REAL_BLIS_DEFAULTS = Path("/work/shared/data/blis/defaults.yaml")  # read-only reference
 

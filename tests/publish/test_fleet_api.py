@@ -18,17 +18,17 @@ import yaml as pyyaml
 from publish_support import BLIS_DEFAULTS, make_snapshot
 from publish_support import run_pull as _pull
 
-from daemon import api
-from daemon.fleet import FleetPublisher, fleet_snapshot
-from daemon.http.server import HttpServer
-from daemon.publish.blis import validate_defaults_yaml
-from daemon.publish.snapshot import SnapshotStore, validate_for_blis
-from learners.features import BLIS_DEFAULT_BETA, MODELS, BlisBasis, load_hardware
-from learners.features.catalog import model_config
-from learners.features.config import ServingConfig
-from learners.fleet import FLEET_ID, FleetModel, MemberStats
-from learners.registry import LearnerRegistry
-from learners.synthetic import synth_steps
+from coeffd.daemon import api
+from coeffd.daemon.fleet import FleetPublisher, fleet_snapshot
+from coeffd.daemon.http.server import HttpServer
+from coeffd.daemon.publish.blis import validate_defaults_yaml
+from coeffd.daemon.publish.snapshot import SnapshotStore, validate_for_blis
+from coeffd.learners.features import BLIS_DEFAULT_BETA, MODELS, BlisBasis, load_hardware
+from coeffd.learners.features.catalog import model_config
+from coeffd.learners.features.config import ServingConfig
+from coeffd.learners.fleet import FLEET_ID, FleetModel, MemberStats
+from coeffd.learners.registry import LearnerRegistry
+from coeffd.learners.synthetic import synth_steps
 
 KNOWN = [
     ServingConfig(model="llama-3.1-8b-instruct", gpu="H100", tp=1),
@@ -270,6 +270,6 @@ def test_pull_model_config_json_sends_name_and_hash(fleet_server, tmp_path) -> N
     ],
 )
 def test_pull_describe_usage_errors(args) -> None:
-    from daemon.commands import pull
+    from coeffd.daemon.commands import pull
 
     assert pull.main(["--server", "http://127.0.0.1:9", *args]) == 2

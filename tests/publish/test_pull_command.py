@@ -10,8 +10,8 @@ import pytest
 from publish_support import BLIS_DEFAULTS, make_snapshot, serve
 from publish_support import run_pull as _pull
 
-from daemon.publish.blis import validate_defaults_yaml
-from daemon.publish.snapshot import SnapshotStore
+from coeffd.daemon.publish.blis import validate_defaults_yaml
+from coeffd.daemon.publish.snapshot import SnapshotStore
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,6 +93,6 @@ def test_pull_network_error(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("server", ["ftp://x", "not a url"])
 def test_pull_bad_server_url(server: str) -> None:
-    from daemon.commands import pull
+    from coeffd.daemon.commands import pull
 
     assert pull.main(["--server", server]) == 2  # a usage error

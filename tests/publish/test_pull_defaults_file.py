@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from publish_support import BETA, BLIS_DEFAULTS, make_snapshot, serve
 
-from daemon.commands import pull
-from daemon.publish.blis import validate_defaults_yaml
-from daemon.publish.snapshot import ConfigurationRef, SnapshotStore
+from coeffd.daemon.commands import pull
+from coeffd.daemon.publish.blis import validate_defaults_yaml
+from coeffd.daemon.publish.snapshot import ConfigurationRef, SnapshotStore
 
 NEW_ALPHA = (111.5, 22.25, 3.0)
 NEW_BETA = tuple(b + 1.0 for b in BETA)

@@ -10,8 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from publish_support import make_snapshot
 
-from daemon.publish.atomic import atomic_write_bytes
-from daemon.publish.snapshot import (
+from coeffd.daemon.publish.atomic import atomic_write_bytes
+from coeffd.daemon.publish.snapshot import (
     InvalidCoefficientsError,
     InvalidConfigurationIdError,
     PublishPolicy,

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.app import App, CountingConsumer
-from daemon.settings import Settings
+from coeffd.daemon.app import App, CountingConsumer
+from coeffd.daemon.settings import Settings
 
 
 def make_settings(**pipeline: Any) -> Settings:

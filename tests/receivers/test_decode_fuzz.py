@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from otlp_builders import core_span, journey, request, step_span, summary_attrs
 
-from receivers.otlp.decode import Decoder
+from coeffd.receivers.otlp.decode import Decoder
 
 values = st.one_of(
     st.integers(min_value=-(2**63), max_value=2**63 - 1),

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from otlp_builders import core_span, journey, request, span, step_span, summary_attrs
 
-from receivers.otlp.decode import MAX_COUNT, Decoder, decode_request, source_for_resource
-from receivers.records import BatchSummary, CoreSpan, JourneyEvent
+from coeffd.receivers.otlp.decode import MAX_COUNT, Decoder, decode_request, source_for_resource
+from coeffd.records.events import BatchSummary, CoreSpan, JourneyEvent
 
 
 def test_numeric_attrs_accept_int_or_double_and_string_ints() -> None:

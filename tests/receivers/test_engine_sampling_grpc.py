@@ -11,8 +11,8 @@ from opentelemetry.sdk.resources import Resource
 from test_sdk_export import exporter
 from vllm_spans import emit_engine
 
-from daemon.app import App, CountingConsumer
-from daemon.sampling import EngineSampler, engine_hash
+from coeffd.daemon.app import App, CountingConsumer
+from coeffd.daemon.sampling import EngineSampler, engine_hash
 
 _HALF = 1 << 31
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from daemon.app import App, CountingConsumer
-from daemon.commands.replay import run_replay
-from receivers.otlp.decode import decode_json
-from receivers.records import (
+from coeffd.daemon.app import App, CountingConsumer
+from coeffd.daemon.commands.replay import run_replay
+from coeffd.receivers.otlp.decode import decode_json
+from coeffd.records.events import (
     ApiEvent,
     ApiKind,
     BatchSummary,
@@ -197,7 +197,7 @@ def test_replay_into_pipeline_gz_and_concatenated(tmp_path: Path) -> None:
 
 
 def _pipeline_only():  # type: ignore[no-untyped-def]
-    from daemon.settings import Settings
+    from coeffd.daemon.settings import Settings
 
     return Settings.model_validate(
         {
@@ -214,7 +214,7 @@ def test_replay_cli_summary_and_bad_lines(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "daemon",
+            "coeffd",
             "replay",
             str(path),
             "--log-format",
@@ -244,7 +244,7 @@ def test_replay_cli_summary_and_bad_lines(tmp_path: Path) -> None:
 @pytest.mark.parametrize("missing", ["nope.jsonl"])
 def test_replay_cli_missing_file(tmp_path: Path, missing: str) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "daemon", "replay", str(tmp_path / missing)],
+        [sys.executable, "-m", "coeffd", "replay", str(tmp_path / missing)],
         capture_output=True,
         text=True,
         cwd=ROOT,

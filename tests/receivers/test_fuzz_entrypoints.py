@@ -28,9 +28,9 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from otlp_builders import core_span, journey, request, step_span, summary_attrs
 from prometheus_client import CollectorRegistry
 
-from daemon.app import App, CountingConsumer
-from daemon.settings import Settings
-from receivers.kv import KVSubscriber
+from coeffd.daemon.app import App, CountingConsumer
+from coeffd.daemon.settings import Settings
+from coeffd.receivers.kv import KVSubscriber
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 FUZZ = settings(

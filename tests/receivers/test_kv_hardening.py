@@ -12,9 +12,9 @@ import zmq
 from corpus_inputs import kv_cases
 from prometheus_client import CollectorRegistry
 
-from receivers.kv import KVSubscriber, SequenceTracker
-from receivers.kv.decode import decode_kv_message
-from receivers.records import KVRecord, Source
+from coeffd.receivers.kv import KVSubscriber, SequenceTracker
+from coeffd.receivers.kv.decode import decode_kv_message
+from coeffd.records.events import KVRecord, Source
 
 WAIT_S = 30.0  # a safety net against hangs, not a timing assertion
 SOURCE = Source(id="s", attributes=())

@@ -23,8 +23,8 @@ from corpus_inputs import TEST_LIMITS, TEST_MAX_BYTES, empty_resource_spans, otl
 from google.rpc import status_pb2
 from otlp_builders import core_span, journey, request
 
-from daemon.app import App, CountingConsumer
-from daemon.settings import Settings
+from coeffd.daemon.app import App, CountingConsumer
+from coeffd.daemon.settings import Settings
 
 GOOD = request(("vllm.scheduler", [core_span(journey())])).SerializeToString()
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -291,7 +291,7 @@ def test_decoder_sources_are_bounded_by_bytes() -> None:
         ExportTraceServiceRequest,
     )
 
-    from receivers.otlp.decode import Decoder
+    from coeffd.receivers.otlp.decode import Decoder
 
     decoder = Decoder(max_source_bytes=4 << 20)
     for i in range(300):
@@ -339,7 +339,7 @@ def test_listen_backlog_takes_a_burst_of_connects() -> None:
     """60 connects while nothing accepts (the server not started): each completes in the
     kernel's accept queue. With socketserver's default backlog of 5, the rest stalled in
     SYN retries (9 of 60 connects took ~1 s in the attack run)."""
-    from daemon.http.server import HttpServer
+    from coeffd.daemon.http.server import HttpServer
 
     server = HttpServer("127.0.0.1", 0)
     socks: list[socket.socket] = []

@@ -13,16 +13,16 @@ import pytest
 import zstandard
 from test_example_replay import EXAMPLE, _pipeline_only, check_example
 
-from daemon.app import App, CountingConsumer
-from daemon.commands.replay import run_replay
-from receivers.otlp.decode import parse_json_request
+from coeffd.daemon.app import App, CountingConsumer
+from coeffd.daemon.commands.replay import run_replay
+from coeffd.receivers.otlp.decode import parse_json_request
 
 LINES = EXAMPLE.read_bytes().splitlines()
 
 
 def _replay_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "daemon", "replay", *args, "--log-format", "json"],
+        [sys.executable, "-m", "coeffd", "replay", *args, "--log-format", "json"],
         capture_output=True,
         text=True,
         cwd=cwd,

@@ -27,10 +27,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from tls_certs import Certs, make_certs
 from vllm_spans import emit_engine
 
-from daemon import cli
-from daemon.app import App, CountingConsumer
-from daemon.http.server import Response
-from daemon.settings import Settings
+from coeffd.daemon import cli
+from coeffd.daemon.app import App, CountingConsumer
+from coeffd.daemon.http.server import Response
+from coeffd.daemon.settings import Settings
 
 TOKEN = "s3cr3t-token-from-a-secret"
 GOOD = request(("vllm.scheduler", [core_span(journey())]))
@@ -307,8 +307,8 @@ def test_pull_sends_token_and_client_cert(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from daemon import api
-    from daemon.publish.snapshot import SnapshotStore
+    from coeffd.daemon import api
+    from coeffd.daemon.publish.snapshot import SnapshotStore
 
     # pull installs urllib's process-wide opener; put the old one back afterwards
     monkeypatch.setattr(urllib.request, "_opener", urllib.request._opener)  # type: ignore[attr-defined]
@@ -327,7 +327,7 @@ def test_pull_sends_token_and_client_cert(
 
 
 def test_token_file_rotation_takes_effect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from daemon import security
+    from coeffd.daemon import security
 
     monkeypatch.setattr(security, "TOKEN_RECHECK_SECONDS", 0.0)
     f = tmp_path / "token"

@@ -13,7 +13,7 @@ from conftest import metric, scrape
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from otlp_builders import core_span, journey, request, step_span, summary_attrs
 
-from daemon.app import App
+from coeffd.daemon.app import App
 
 GOOD = request(("vllm.scheduler", [core_span(journey())]))
 BAD_EVENT = request(

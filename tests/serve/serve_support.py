@@ -62,9 +62,9 @@ class Daemon:
 
 
 def start_daemon(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Daemon:
-    """Start ``python -m daemon serve`` with JSON logs; wait until it listens."""
+    """Start ``python -m coeffd serve`` with JSON logs; wait until it listens."""
     cmd: Sequence[str] = [
-        sys.executable, "-m", "daemon", "serve",
+        sys.executable, "-m", "coeffd", "serve",
         "--log-format", "json",
         "--http-endpoint", "127.0.0.1:0",
         "--otlp-grpc-endpoint", "127.0.0.1:0",

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from serve_support import Daemon, start_daemon, wait_quiet
 
-from daemon.checkpoint import CheckpointStore
-from daemon.publish.snapshot import SnapshotStore, decode_snapshot, validate_for_blis
-from simfleet import SampleRates, run, run_in_thread
+from coeffd.daemon.checkpoint import CheckpointStore
+from coeffd.daemon.publish.snapshot import SnapshotStore, decode_snapshot, validate_for_blis
+from coeffd.simfleet import SampleRates, run, run_in_thread
 
 pytestmark = pytest.mark.slow
 
@@ -92,7 +92,7 @@ def test_kill_9_during_heavy_writes_then_restart(tmp_path: Path) -> None:
     assert set(sets) == set(before)
 
     # Restart on the same directories: state comes back, learning continues from it.
-    from learners.rls import RLSRegressor
+    from coeffd.learners.rls import RLSRegressor
 
     restored_n = {
         cid: RLSRegressor.from_state(st["learners"]["beta"]).n_learned for cid, st in sets.items()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from serve_support import start_daemon, wait_quiet
 
-from simfleet import SampleRates, run
+from coeffd.simfleet import SampleRates, run
 
 WAIT_S = 60.0  # a safety net, not a timing assertion
 

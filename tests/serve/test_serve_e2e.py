@@ -26,12 +26,12 @@ import numpy as np
 import pytest
 from serve_support import ROOT, Daemon, start_daemon, wait_quiet
 
-from daemon.commands.demo import noise_floor
-from daemon.publish.snapshot import SnapshotStore, validate_for_blis
-from learners.features import BLIS_DEFAULT_BETA
-from learners.features.config import BasisResolver, ServingConfig
-from receivers.kv.subscriber import source_from_attributes
-from simfleet import RunResult, SampleRates, run
+from coeffd.daemon.commands.demo import noise_floor
+from coeffd.daemon.publish.snapshot import SnapshotStore, validate_for_blis
+from coeffd.learners.features import BLIS_DEFAULT_BETA
+from coeffd.learners.features.config import BasisResolver, ServingConfig
+from coeffd.receivers.kv.subscriber import source_from_attributes
+from coeffd.simfleet import RunResult, SampleRates, run
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +66,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Daemon, RunResult, 
         api["bad_format"] = d.get(f"/v1/coefficients/{first}?format=xml")
         api["flags"] = d.get(f"/v1/coefficients/{first}?format=flags")
         pull = subprocess.run(
-            [sys.executable, "-m", "daemon", "pull", "--server", d.url(""), "--config", first,
+            [sys.executable, "-m", "coeffd", "pull", "--server", d.url(""), "--config", first,
              "--format", "json"],
             cwd=ROOT, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
@@ -140,7 +140,7 @@ def _alpha_tolerances(eng: Any, conf: dict[str, Any], n: dict[str, int]) -> list
     Var = E[P³]/(3E[P]) − (E[P²]/(2E[P]))² (renewal theory). The learners forget with λ, so
     at most 1/(1−λ) observations count.
     """
-    from learners.config import LearnersConfig
+    from coeffd.learners.config import LearnersConfig
 
     lam = LearnersConfig().alpha_forgetting
     sig = conf["noise"]["alpha_sigma"]

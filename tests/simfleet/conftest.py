@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from simfleet_support import Captured
 
-import simfleet
+from coeffd import simfleet
 
 
 @pytest.fixture(scope="session")

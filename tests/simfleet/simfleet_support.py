@@ -7,8 +7,8 @@ from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-import simfleet
-from simfleet.kv import MemoryKVSink
+from coeffd import simfleet
+from coeffd.simfleet.kv import MemoryKVSink
 
 
 class Captured:

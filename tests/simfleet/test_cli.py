@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from daemon.cli import main
+from coeffd.daemon.cli import main
 
 
 def test_cli_writes_traces_kv_and_truth(tmp_path):
@@ -45,7 +45,7 @@ def test_cli_rejects_bad_sample_rates(tmp_path, capsys):
 
 
 def test_run_in_thread_stops_early():
-    import simfleet
+    from coeffd import simfleet
 
     th, stop, out = simfleet.run_in_thread("steady", 3600.0, 1, speed=50.0, telemetry=False)
     stop.set()

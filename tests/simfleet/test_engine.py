@@ -5,8 +5,8 @@ from __future__ import annotations
 import collections
 from dataclasses import replace
 
-import simfleet
-from simfleet.scenarios import build
+from coeffd import simfleet
+from coeffd.simfleet.scenarios import build
 
 
 def _events(captured, prefix):

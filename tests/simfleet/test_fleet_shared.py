@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import math
 
-from learners.features import MODELS
-from simfleet import run, write_truth
+from coeffd.learners.features import MODELS
+from coeffd.simfleet import run, write_truth
 
 
 def test_truth_file_documents_structure_that_rebuilds_every_vector(tmp_path):

@@ -8,13 +8,13 @@ from dataclasses import replace
 
 import msgspec
 
-import simfleet
-from receivers.kv.decode import batch_records, parse_payload
-from receivers.kv.jsonl import read_kv_jsonl
-from receivers.kv.subscriber import source_from_attributes
-from receivers.records import KVBlocks, KVCacheCommit, KVTransfer
-from simfleet.kv import MemoryKVSink
-from simfleet.scenarios import build
+from coeffd import simfleet
+from coeffd.receivers.kv.decode import batch_records, parse_payload
+from coeffd.receivers.kv.jsonl import read_kv_jsonl
+from coeffd.receivers.kv.subscriber import source_from_attributes
+from coeffd.records.events import KVBlocks, KVCacheCommit, KVTransfer
+from coeffd.simfleet.kv import MemoryKVSink
+from coeffd.simfleet.scenarios import build
 
 
 def _offload_tp2() -> simfleet.EngineSpec:

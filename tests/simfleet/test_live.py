@@ -11,8 +11,8 @@ import grpc
 import zmq
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-import simfleet
-from receivers.otlp.decode import Decoder
+from coeffd import simfleet
+from coeffd.receivers.otlp.decode import Decoder
 
 RATES = simfleet.SampleRates(1.0, 0.2, 0.0, 10)
 

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 from simfleet_support import Captured, run_to_bytes
 
-from learners.features import MODELS, BlisBasis, load_hardware
-from receivers.observations import BatchRequest
+from coeffd.learners.features import MODELS, BlisBasis, load_hardware
+from coeffd.records.observations import BatchRequest
 
 
 def _attrs(ev):
@@ -18,7 +18,7 @@ def _attrs(ev):
 
 def test_same_seed_byte_identical_different_seed_differs():
     kw = dict(scenario="steady", duration_s=3.0, rates=None, drain_s=5.0)
-    from simfleet import SampleRates
+    from coeffd.simfleet import SampleRates
 
     kw["rates"] = SampleRates(1.0, 0.5, 0.05, 10)
     a = run_to_bytes(seed=7, **kw)
@@ -88,8 +88,8 @@ def test_periods_match_true_beta_within_noise(steady_full):
 
 
 def test_periods_follow_drift_and_sync_scheduling():
-    import simfleet
-    from simfleet.scenarios import build
+    from coeffd import simfleet
+    from coeffd.simfleet.scenarios import build
 
     full = dict(
         rates=simfleet.SampleRates(1.0, 1.0, 1.0, 10), max_events=100_000, drain_s=5.0, seed=3
@@ -134,7 +134,7 @@ def test_api_delays_match_true_alpha(steady_full):
 
 
 def test_truth_documents_configurations_and_change_points():
-    import simfleet
+    from coeffd import simfleet
 
     fleet = simfleet.run("fleet", 0.5, 1, telemetry=False, drain_s=0.0).truth
     confs = fleet["configurations"]
@@ -170,7 +170,7 @@ def test_same_seed_byte_identical_across_processes(tmp_path):
     import subprocess
     import sys
 
-    from daemon.cli import main
+    from coeffd.daemon.cli import main
 
     args = ["simfleet", "--scenario", "fleet", "--duration", "1", "--drain", "1", "--seed", "5"]
     args += ["--sample-rates", "1,0.3,0.05"]
@@ -188,6 +188,6 @@ def test_same_seed_byte_identical_across_processes(tmp_path):
             assert main(args + out) == 0
         else:
             env = {"PYTHONHASHSEED": "12345", "PATH": "/usr/bin:/bin"}
-            subprocess.run([sys.executable, "-m", "daemon", *args, *out], check=True, env=env)
+            subprocess.run([sys.executable, "-m", "coeffd", *args, *out], check=True, env=env)
         files[tag] = [(tmp_path / f"{tag}{ext}").read_bytes() for ext in (".jsonl", ".kv", ".json")]
     assert files["here"] == files["there"]

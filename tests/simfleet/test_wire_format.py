@@ -5,8 +5,8 @@ from __future__ import annotations
 import collections
 import json
 
-from receivers.otlp.decode import Decoder
-from receivers.records import (
+from coeffd.receivers.otlp.decode import Decoder
+from coeffd.records.events import (
     ApiEvent,
     BatchSummary,
     CoreSpan,
@@ -15,7 +15,7 @@ from receivers.records import (
     RequestSpan,
     StepSpan,
 )
-from simfleet.telemetry import request_to_json
+from coeffd.simfleet.telemetry import request_to_json
 
 S, INT, D = "string_value", "int_value", "double_value"
 
@@ -252,8 +252,8 @@ def test_fast_json_renderer_equals_sdk_encoding_and_keeps_dropped_counts():
     byte, on a run whose step spans overflow vLLM's 128-event limit."""
     import io
 
-    import simfleet
-    from simfleet.telemetry import JsonLinesSink
+    from coeffd import simfleet
+    from coeffd.simfleet.telemetry import JsonLinesSink
 
     fast, slow = io.BytesIO(), io.BytesIO()
     simfleet.run(
@@ -273,7 +273,7 @@ def test_aborts_and_preemptions_match_the_spec():
     """Overload: client disconnects (api.ABORTED, FINISHED aborted) and PREEMPTED events."""
     from simfleet_support import Captured
 
-    import simfleet
+    from coeffd import simfleet
 
     cap = Captured(
         scenario="overload",

@@ -190,7 +190,7 @@ the tracing and KV-event flags pointed at the sidecar on localhost.
 
 {{/*
 vLLM env: OTLP protocol/plaintext, service name, and the configuration as coeffd.*
-resource attributes (vocabulary of learners/features/config.py), so the same pod can
+resource attributes (vocabulary of coeffd/learners/features/config.py), so the same pod can
 also be routed through a collector to a fleet.
 */}}
 {{- define "coeffd.vllmEnv" -}}

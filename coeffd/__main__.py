@@ -1,0 +1,8 @@
+"""``python -m coeffd`` = the ``coeffd`` command."""
+
+import sys
+
+from coeffd.daemon.cli import main
+
+if __name__ == "__main__":  # guarded: doctest collection imports this module
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""HTTP API handlers over a ``SnapshotStore``: read-only coefficient endpoints.
+
+The handlers are plain functions (request path + query -> ``Response``) with no server
+attached, so any router can mount them and tests can call them directly:
+
+* ``GET /v1/configurations`` - every configuration with its latest version;
+* ``GET /v1/coefficients/{id}[?version=N][&format=json|flags|yaml]`` - latest (or N);
+* ``GET /v1/coefficients/{id}/history`` - all retained versions, oldest first;
+* ``GET /v1/predict?model=…&gpu=…&tp=…`` - coefficients for a described configuration,
+  its own or predicted by the fleet model, with source and expected error
+  (:mod:`daemon.predict`).
+
+Errors are JSON ``{"error": {"status": .., "message": ..}}``: 404 for an unknown
+configuration or version, 400 for a bad query, 405 for a non-GET method.
+``handle(store, method, target)`` dispatches a raw request target; it returns None for
+paths outside ``/v1/configurations`` and ``/v1/coefficients`` so a router can fall through.
+``mount(router, store)`` registers the endpoints on the daemon's ``daemon.http.Router``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+from urllib.parse import parse_qs, unquote, urlencode, urlsplit
+
+import msgspec
+import orjson
+
+from coeffd.daemon.http.server import Request as HttpRequest
+from coeffd.daemon.http.server import Response as HttpResponse
+from coeffd.daemon.http.server import Router
+from coeffd.daemon.predict import PredictError, Predictor, describe, predict, render
+from coeffd.daemon.publish.blis import to_flags, to_yaml_block
+from coeffd.daemon.publish.snapshot import (
+    InvalidConfigurationIdError,
+    Snapshot,
+    SnapshotStore,
+    validate_config_id,
+)
+
+JSON = "application/json"
+FORMATS = {"json": JSON, "flags": "text/plain; charset=utf-8", "yaml": "application/yaml"}
+Query = Mapping[str, Sequence[str]]
+
+
+class Response(NamedTuple):
+    """What a handler returns; ``headers`` always include ``Content-Type``."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+def _json(status: int, payload: Any) -> Response:
+    body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+    return Response(status, [("Content-Type", JSON)], body)
+
+
+def error(status: int, message: str) -> Response:
+    """A JSON error response."""
+    return _json(status, {"error": {"status": status, "message": message}})
+
+
+def _snapshot_dict(snapshot: Snapshot) -> Any:
+    return msgspec.to_builtins(snapshot)
+
+
+def _single(query: Query, name: str) -> str | None:
+    values = query.get(name)
+    if not values:
+        return None
+    return values[-1]
+
+
+#: Versions count snapshots (one a second at most per configuration): 15 digits outlast
+#: any deployment, and keep file names and ``int()`` far from their limits.
+MAX_VERSION_DIGITS = 15
+
+
+def parse_version(raw: str) -> int:
+    """A ``?version=`` value: ASCII decimal digits only, 1 to 15 of them, at least 1.
+
+    ``int()`` alone also takes ``"1_0"``, ``" 7"``, ``"+3"`` and Unicode digits (``"١"``),
+    and 300 digits made a file name too long for the OS (HTTP 500).
+
+    >>> parse_version("42")
+    42
+    >>> parse_version("1_0")
+    Traceback (most recent call last):
+    ...
+    ValueError: version must be a decimal integer (ASCII digits 0-9, at most 15), got '1_0'
+    """
+    if not (0 < len(raw) <= MAX_VERSION_DIGITS and raw.isascii() and raw.isdigit()):
+        shown = raw if len(raw) <= 40 else raw[:40] + "..."
+        raise ValueError(
+            f"version must be a decimal integer (ASCII digits 0-9, at most "
+            f"{MAX_VERSION_DIGITS}), got {shown!r}"
+        )
+    version = int(raw)
+    if version < 1:
+        raise ValueError(f"version must be >= 1, got {version}")
+    return version
+
+
+def list_configurations(store: SnapshotStore) -> Response:
+    """``GET /v1/configurations``."""
+    out = []
+    for cid in store.configurations():
+        snap = store.latest(cid)
+        if snap is None:
+            continue
+        out.append(
+            {
+                "id": cid,
+                "labels": snap.configuration.labels,
+                "description": snap.configuration.description,
+                "latest_version": snap.version,
+                "wall_ns": snap.wall_ns,
+            }
+        )
+    return _json(200, {"configurations": out})
+
+
+def get_coefficients(store: SnapshotStore, config_id: str, query: Query | None = None) -> Response:
+    """``GET /v1/coefficients/{id}``; ``version`` (int >= 1) and ``format`` (json|flags|yaml)."""
+    query = query or {}
+    fmt = _single(query, "format") or "json"
+    if fmt not in FORMATS:
+        return error(400, f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    raw_version = _single(query, "version")
+    version: int | None = None
+    if raw_version is not None:
+        try:
+            version = parse_version(raw_version)
+        except ValueError as e:
+            return error(400, str(e))
+    try:
+        validate_config_id(config_id)
+    except InvalidConfigurationIdError:
+        return error(404, f"unknown configuration {config_id!r}")
+    snap = store.latest(config_id) if version is None else store.get(config_id, version)
+    if snap is None:
+        if version is not None and store.latest(config_id) is not None:
+            return error(404, f"configuration {config_id!r} has no retained version {version}")
+        return error(404, f"unknown configuration {config_id!r}")
+    headers = [("Content-Type", FORMATS[fmt]), ("X-Coeffd-Version", str(snap.version))]
+    if fmt == "flags":
+        return Response(200, headers, (to_flags(snap) + "\n").encode())
+    if fmt == "yaml":
+        return Response(200, headers, to_yaml_block(snap).encode())
+    return Response(200, headers, orjson.dumps(_snapshot_dict(snap)))
+
+
+def get_history(store: SnapshotStore, config_id: str) -> Response:
+    """``GET /v1/coefficients/{id}/history``: retained snapshots, oldest first."""
+    try:
+        validate_config_id(config_id)
+    except InvalidConfigurationIdError:
+        return error(404, f"unknown configuration {config_id!r}")
+    history = store.history(config_id)
+    if not history:
+        return error(404, f"unknown configuration {config_id!r}")
+    return _json(
+        200, {"configuration": config_id, "versions": [_snapshot_dict(s) for s in history]}
+    )
+
+
+def get_prediction(store: SnapshotStore, predictor: Predictor | None, query: Query) -> Response:
+    """``GET /v1/predict?model=…&gpu=…&tp=…`` (:mod:`daemon.predict`)."""
+    fmt = _single(query, "format") or "json"
+    if fmt not in FORMATS:
+        return error(400, f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    try:
+        answer = predict(store, predictor, describe(query))
+    except PredictError as e:
+        return error(400, str(e))
+    return Response(200, [("Content-Type", FORMATS[fmt])], render(answer, fmt))
+
+
+def handle(
+    store: SnapshotStore, method: str, target: str, predictor: Predictor | None = None
+) -> Response | None:
+    """Dispatch a raw request target (``/path?query``); None when the path isn't ours."""
+    parts = urlsplit(target)
+    path = parts.path.rstrip("/") or "/"
+    query = parse_qs(parts.query, keep_blank_values=True)
+    if path == "/v1/configurations":
+        route = "list"
+    elif path == "/v1/predict":
+        route = "predict"
+    elif path.startswith("/v1/coefficients/"):
+        route = "coefficients"
+    else:
+        return None
+    if method.upper() not in ("GET", "HEAD"):
+        resp = error(405, f"method {method} not allowed")
+        return resp._replace(headers=[*resp.headers, ("Allow", "GET, HEAD")])
+    if route == "list":
+        return list_configurations(store)
+    if route == "predict":
+        return get_prediction(store, predictor, query)
+    segments = [unquote(s) for s in path[len("/v1/coefficients/") :].split("/")]
+    if len(segments) == 1:
+        return get_coefficients(store, segments[0], query)
+    if len(segments) == 2 and segments[1] == "history":
+        return get_history(store, segments[0])
+    return error(404, f"no such resource {parts.path!r}")
+
+
+def mount(router: Router, store: SnapshotStore, predictor: Predictor | None = None) -> None:
+    """Serve the API from ``store`` on the daemon's router (GET and HEAD); ``predictor``
+    (the daemon's fleet model) answers ``/v1/predict`` for unseen configurations.
+
+    ``/v1/configurations`` is an exact route and ``/v1/coefficients/`` a prefix route;
+    both go through ``handle`` so routing rules live in one place.
+    """
+
+    def endpoint(req: HttpRequest) -> HttpResponse:
+        target = req.path + ("?" + urlencode(req.query, doseq=True) if req.query else "")
+        resp = handle(store, req.method, target, predictor) or error(
+            404, f"no such resource {req.path!r}"
+        )
+        headers = dict(resp.headers)
+        content_type = headers.pop("Content-Type", JSON)
+        return HttpResponse(resp.status, resp.body, content_type, headers)
+
+    router.add_route("GET", "/v1/configurations", endpoint)
+    router.add_route("GET", "/v1/predict", endpoint)
+    router.add_route("GET", "/v1/coefficients/", endpoint, prefix=True)

@@ -1,0 +1,604 @@
+"""Pipeline runtime: receivers → bounded queue → ONE worker → :class:`Consumer`.
+
+The queue is bounded in *records* (not requests) because memory and worker time scale
+with records. :meth:`Pipeline.offer` never blocks: a receiver that gets ``False`` answers
+its client with a retryable status (gRPC ``UNAVAILABLE`` + RetryInfo, HTTP 503 +
+``Retry-After``), so back-pressure reaches the vLLM exporter instead of records being
+dropped silently here. A single worker thread calls the consumer, so consumers (joiner →
+learners → publisher) need no locking.
+
+>>> from coeffd.daemon.app import CountingConsumer, Pipeline
+>>> p = Pipeline(CountingConsumer(), capacity=3)
+>>> p.offer([1, 2], "test"), p.offer([3, 4], "test"), p.depth
+(True, False, 2)
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any, Protocol, runtime_checkable
+
+import structlog
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from coeffd.daemon.http.server import HttpServer, Request, Response, Router
+from coeffd.daemon.log import RateLimiter
+from coeffd.daemon.metrics import ReceiverMetrics
+from coeffd.daemon.security import AuthMetrics, http_guard
+from coeffd.daemon.settings import Settings, parse_endpoint
+from coeffd.daemon.supervise import Supervisor
+from coeffd.receivers.occupancy import Occupancy
+from coeffd.receivers.otlp.decode import Decoder, count_kinds
+from coeffd.records.events import Record
+
+__all__ = ["App", "Consumer", "CountingConsumer", "Pipeline"]
+
+log = structlog.get_logger(__name__)
+
+
+@runtime_checkable
+class Consumer(Protocol):
+    """What the pipeline worker drives. All three are called from the worker thread only."""
+
+    def consume(self, records: Sequence[Record]) -> None:
+        """Handle one accepted batch (one export request's records, in request order)."""
+
+    def tick(self, now: float) -> None:
+        """Called about once per second even when idle; ``now`` is wall-clock seconds."""
+
+    def close(self) -> None:
+        """Called once after the queue was drained at shutdown."""
+
+
+class CountingConsumer:
+    """The default consumer until the joiner exists: counts records by kind.
+
+    >>> c = CountingConsumer()
+    >>> c.consume([]); c.total
+    0
+    """
+
+    def __init__(self) -> None:
+        self.by_kind: collections.Counter[str] = collections.Counter()
+        self.total = 0
+        self.batches = 0
+        self.ticks = 0
+        self.closed = False
+        self.records: list[Record] | None = None
+
+    @classmethod
+    def keeping(cls) -> CountingConsumer:
+        """A counting consumer that also keeps every record (tests)."""
+        c = cls()
+        c.records = []
+        return c
+
+    def consume(self, records: Sequence[Record]) -> None:
+        """Count the batch."""
+        self.batches += 1
+        self.total += len(records)
+        self.by_kind.update(count_kinds(records))
+        if self.records is not None:
+            self.records.extend(records)
+
+    def tick(self, now: float) -> None:
+        """Count ticks."""
+        self.ticks += 1
+
+    def close(self) -> None:
+        """Log what was counted (the one outcome line of a counting-only run)."""
+        self.closed = True
+        log.info(
+            "counting consumer closed",
+            records=self.total,
+            batches=self.batches,
+            by_kind=dict(self.by_kind),
+        )
+
+
+class Pipeline:
+    """Bounded record queue + the single worker thread that feeds the consumer."""
+
+    def __init__(
+        self,
+        consumer: Consumer,
+        capacity: int,
+        metrics: ReceiverMetrics | None = None,
+        *,
+        tick_interval: float = 1.0,
+        clock: Callable[[], float] = time.time,
+        rate_limit_seconds: float = 10.0,
+    ) -> None:
+        self.consumer = consumer
+        self.capacity = capacity
+        self.metrics = metrics
+        self.tick_interval = tick_interval
+        self._clock = clock
+        self._queue: collections.deque[Sequence[Any]] = collections.deque()
+        self._depth = 0
+        self._cond = threading.Condition()
+        self._paused = False
+        self._closed = False  # no more offers
+        self._stop = False  # worker must exit
+        self._busy = False
+        self._thread: threading.Thread | None = None
+        self._limiter = RateLimiter(rate_limit_seconds)
+        self._label_cache: dict[tuple[str, str], Any] = {}
+        if metrics is not None:
+            metrics.track_queue_depth(lambda: self._depth)
+
+    # ------------------------------------------------------------------ producers
+    @property
+    def depth(self) -> int:
+        """Records waiting for the worker."""
+        return self._depth
+
+    @property
+    def closed(self) -> bool:
+        """True once shutdown began; offers are refused from then on."""
+        return self._closed
+
+    def has_room(self, n: int) -> bool:
+        """Whether :meth:`offer` of ``n`` records would be accepted now (a hint: no lock)."""
+        depth = self._depth
+        return not self._closed and (depth == 0 or depth + n <= self.capacity)
+
+    def offer(self, records: Sequence[Any], receiver: str) -> bool:
+        """Enqueue ``records`` as one batch; never blocks. ``False`` = full (or closing).
+
+        A batch larger than the whole capacity is still accepted into an *empty* queue,
+        otherwise such a request could never be delivered and the client would retry it
+        forever.
+        """
+        n = len(records)
+        with self._cond:
+            if self._closed:
+                return False
+            if self._depth + n > self.capacity and self._depth > 0:
+                return False
+            if n:
+                self._queue.append(records)
+                self._depth += n
+                self._cond.notify()
+        if n and self.metrics is not None:
+            self._count(records, receiver)
+        return True
+
+    def _count(self, records: Sequence[Any], receiver: str) -> None:
+        kinds = count_kinds(records)
+        cache = self._label_cache
+        assert self.metrics is not None
+        for kind, k in kinds.items():
+            child = cache.get((receiver, kind))
+            if child is None:
+                child = cache[(receiver, kind)] = self.metrics.events_received.labels(
+                    receiver, kind
+                )
+            child.inc(k)
+
+    # --------------------------------------------------------------------- worker
+    def start(self) -> None:
+        """Start the worker thread."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="coeffd-pipeline", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the worker thread is running."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def restart(self) -> None:
+        """Start a new worker after the old one died (the supervisor calls this); the
+        batch it was inside is lost, the queue is kept."""
+        with self._cond:
+            if self.alive or self._stop:
+                return
+            self._thread = None
+            self._busy = False
+        self.start()
+
+    def pause(self) -> None:
+        """Stop handing batches to the consumer (tests: build up back-pressure)."""
+        with self._cond:
+            self._paused = True
+
+    def resume(self) -> None:
+        """Undo :meth:`pause`."""
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        """Block until the queue is empty and the worker is not inside ``consume``."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._queue or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.05))
+        return True
+
+    def _run(self) -> None:
+        next_tick = time.monotonic() + self.tick_interval
+        while True:
+            batch: Sequence[Any] | None = None
+            with self._cond:
+                while True:
+                    if self._stop:
+                        return
+                    if self._queue and not self._paused:
+                        batch = self._queue.popleft()
+                        self._depth -= len(batch)
+                        self._busy = True
+                        break
+                    wait = next_tick - time.monotonic()
+                    if wait <= 0:
+                        break
+                    self._cond.wait(wait)
+            if batch is not None:
+                self._call("consume", self.consumer.consume, batch)
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+            if time.monotonic() >= next_tick:
+                self._call("tick", self.consumer.tick, self._clock())
+                next_tick = time.monotonic() + self.tick_interval
+
+    def _call(self, stage: str, fn: Callable[[Any], None], arg: Any) -> None:
+        t0 = time.perf_counter()
+        try:
+            fn(arg)
+            if self.metrics is not None:
+                self.metrics.stage_seconds.labels(stage).observe(time.perf_counter() - t0)
+        except Exception as e:
+            # A consumer bug must not kill the worker (the queue would fill and every
+            # receiver would answer "retry" forever); count, log (rate-limited), go on.
+            if self.metrics is not None:
+                self.metrics.consumer_errors.labels(stage).inc()
+            ok, suppressed = self._limiter.allow("consumer:" + stage)
+            if ok:
+                log.error(
+                    "pipeline consumer failed; batch skipped",
+                    stage=stage,
+                    error=repr(e),
+                    suppressed=suppressed,
+                    exc_info=True,
+                )
+
+    def close(self, drain_timeout: float = 10.0) -> bool:
+        """Refuse new offers, drain the queue (≤ ``drain_timeout`` s), close the consumer.
+
+        Returns True if everything queued was consumed.
+        """
+        with self._cond:
+            self._closed = True
+            self._paused = False
+            self._cond.notify_all()
+        drained = True
+        if self._thread is not None:
+            drained = self.wait_idle(drain_timeout)
+            with self._cond:
+                self._stop = True
+                dropped = self._depth
+                self._queue.clear()
+                self._depth = 0
+                self._cond.notify_all()
+            self._thread.join(timeout=max(drain_timeout, 1.0))
+            stuck = self._thread.is_alive()
+            self._thread = None
+            if dropped:
+                log.warning("shutdown drain timed out; records dropped", dropped=dropped)
+            if stuck:
+                # The consumer is single-threaded by contract: closing it while the
+                # worker is still inside consume() could corrupt its state.
+                log.error("pipeline worker did not stop; consumer.close() skipped")
+                return False
+        try:
+            self.consumer.close()
+        except Exception as e:
+            log.error("consumer close failed", error=repr(e), exc_info=True)
+        return drained
+
+
+class App:
+    """One daemon instance: settings → receivers + pipeline + HTTP server.
+
+    ``registry`` is this app's own Prometheus registry (never the global one). Other
+    components mount HTTP routes on :attr:`router` before :meth:`start` (or after: the
+    router is live) and register metrics on :attr:`registry`.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        consumer: Consumer | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.settings = settings
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = ReceiverMetrics(self.registry)
+        self.auth_metrics = AuthMetrics(self.registry, settings.log.rate_limit_seconds)
+        self.consumer: Consumer = consumer if consumer is not None else CountingConsumer()
+        self.pipeline = Pipeline(
+            self.consumer,
+            settings.pipeline.queue_capacity,
+            self.metrics,
+            tick_interval=settings.pipeline.tick_interval_seconds,
+            rate_limit_seconds=settings.log.rate_limit_seconds,
+        )
+        self.decoder = Decoder()
+        #: Engine sampling for the KV streams (engine name → take its events?), wired
+        #: like ``decoder.source_filter``.
+        self.kv_engine_filter: Callable[[str], bool] | None = None
+        #: How full the OTLP/gRPC receiver's worker pool runs (engine sampling reads it).
+        self.grpc_occupancy = Occupancy(settings.receivers.otlp_grpc.workers)
+        self.router = Router()
+        self.router.add_route("GET", "/metrics", self._metrics)
+        self.router.add_route("GET", "/healthz", self._healthz)
+        self.router.add_route("GET", "/readyz", self._readyz)
+        self.ready = False
+        #: Named readiness checks: ``/readyz`` answers 503 naming every check that fails.
+        #: A check returns None when fine, else one line saying what is wrong. Components
+        #: add theirs with :meth:`add_readiness_check` (state writes, KV streams, threads).
+        self.readiness: dict[str, Callable[[], str | None]] = {}
+        #: Restarts dead worker threads; the ``threads`` readiness check names them.
+        self.supervisor = Supervisor(self.registry)
+        self.add_readiness_check("threads", self.supervisor.readiness)
+        self._stop_event = threading.Event()
+        self._started = False
+        self._stopped = False
+        self._lock = threading.Lock()
+        self._http: HttpServer | None = None
+        self._grpc: Any = None
+        self._otlp_http: Any = None
+        self._kv: list[Any] = []
+
+    # ------------------------------------------------------------------ HTTP routes
+    def _metrics(self, req: Request) -> Response:
+        return Response(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
+
+    def _healthz(self, req: Request) -> Response:
+        if self._started and not self._stopped and not self.pipeline.alive:
+            return Response.text(503, "pipeline worker not running")
+        return Response.text(200, "ok")
+
+    def _readyz(self, req: Request) -> Response:
+        if not self.ready:
+            return Response.text(503, "not ready")
+        # ?exclude=kv&exclude=snapshots (or comma-separated), as kube-apiserver's /readyz:
+        # a sidecar's probe leaves out what must not take its vLLM out of the Service.
+        excluded = {n.strip() for v in req.query.get("exclude", ()) for n in v.split(",")}
+        failing = [(n, why) for n, why in self.readiness_failures() if n not in excluded]
+        if failing:
+            return Response.text(503, "\n".join(f"{name}: {why}" for name, why in failing))
+        return Response.text(200, "ready")
+
+    def add_readiness_check(self, name: str, check: Callable[[], str | None]) -> None:
+        """Make ``/readyz`` fail while ``check()`` returns a reason (None = fine)."""
+        self.readiness[name] = check
+
+    def readiness_failures(self) -> list[tuple[str, str]]:
+        """(name, reason) of every failing readiness check, in the order they were added.
+
+        A check that raises counts as failing (its error is the reason) rather than
+        turning the probe into a 500.
+        """
+        out: list[tuple[str, str]] = []
+        for name, check in list(self.readiness.items()):
+            try:
+                why = check()
+            except Exception as e:  # a broken check must not break the probe
+                why = f"check failed: {e!r}"
+            if why is not None:
+                out.append((name, why))
+        return out
+
+    # ---------------------------------------------------------------------- ports
+    @property
+    def http_port(self) -> int | None:
+        """Bound port of the metrics/health/API server."""
+        return self._http.port if self._http else None
+
+    @property
+    def grpc_port(self) -> int | None:
+        """Bound port of the OTLP/gRPC receiver."""
+        return self._grpc.port if self._grpc else None
+
+    @property
+    def otlp_http_port(self) -> int | None:
+        """Bound port of the OTLP/HTTP receiver."""
+        return self._otlp_http.port if self._otlp_http else None
+
+    # ------------------------------------------------------------------ lifecycle
+    def offer(self, records: Sequence[Record], receiver: str) -> bool:
+        """Shortcut for :meth:`Pipeline.offer`."""
+        return self.pipeline.offer(records, receiver)
+
+    def pause(self) -> None:
+        """Pause the pipeline worker (tests: back-pressure)."""
+        self.pipeline.pause()
+
+    def resume(self) -> None:
+        """Resume the pipeline worker."""
+        self.pipeline.resume()
+
+    def start(self) -> App:
+        """Start the worker, the receivers and the HTTP server; then mark ready."""
+        # Imported here: the receivers import daemon.app's siblings, keep import light.
+        from coeffd.receivers.grpc.server import OtlpGrpcReceiver
+        from coeffd.receivers.http.server import OtlpHttpReceiver
+
+        with self._lock:
+            if self._started:
+                return self
+            self._started = True
+        s = self.settings
+        self.pipeline.start()
+        sup = self.supervisor
+        sup.watch("pipeline", lambda: self.pipeline.alive, self.pipeline.restart)
+        listener, endpoint = "", ""
+        try:
+            if s.http.enabled:
+                listener, endpoint = "http", s.http.endpoint
+                host, port = parse_endpoint(endpoint)
+                public = {"/healthz", "/readyz"} | (
+                    {"/metrics"} if s.http.metrics_public else set()
+                )
+                tls, gate = http_guard("http", s.http.tls, s.http.auth, self.auth_metrics, public)
+                self._http = HttpServer(
+                    host, port, self.router, name="http", ssl_context=tls, gate=gate
+                )
+                self._http.start()
+                sup.watch("http", lambda: bool(self._http and self._http.alive), self._http.restart)
+            if s.receivers.otlp_grpc.enabled:
+                listener, endpoint = "otlp_grpc", s.receivers.otlp_grpc.endpoint
+                self._grpc = OtlpGrpcReceiver(self)
+                self._grpc.start()
+            if s.receivers.otlp_http.enabled:
+                listener, endpoint = "otlp_http", s.receivers.otlp_http.endpoint
+                self._otlp_http = OtlpHttpReceiver(self)
+                self._otlp_http.start()
+                otlp_http = self._otlp_http
+                sup.watch("otlp_http", lambda: otlp_http.alive, otlp_http.restart)
+            if s.kv.endpoints:
+                listener, endpoint = "kv", ",".join(s.kv.endpoints)
+                self._start_kv()
+        except OSError as e:
+            log.error("cannot start listener", listener=listener, endpoint=endpoint, error=str(e))
+            self.stop()
+            raise
+        sup.start()
+        self.ready = True
+        log.info(
+            "coeffd started",
+            otlp_grpc=self.grpc_port,
+            otlp_http=self.otlp_http_port,
+            http=self.http_port,
+            kv=self.kv_endpoints,
+            queue_capacity=s.pipeline.queue_capacity,
+        )
+        return self
+
+    def _start_kv(self) -> None:
+        """One ZMQ SUB per configured KV endpoint, feeding the same pipeline."""
+        import zmq
+
+        from coeffd.receivers.kv.subscriber import KVMetrics, KVSubscriber
+
+        kv = self.settings.kv
+        if not kv.endpoints:
+            return
+        metrics = KVMetrics(
+            self.registry,
+            events_rejected=self.metrics.events_rejected,
+            events_received=self.metrics.events_received,
+            events_sampled_out=self.metrics.events_sampled_out,
+        )
+        connected = Gauge(
+            "coeffd_kv_connected",
+            "1 while the KV publisher this daemon connects to is connected, else 0 (ZMQ "
+            "retries in the background; kv.bind endpoints are not listed).",
+            ["endpoint"],
+            registry=self.registry,
+        )
+        for endpoint in kv.endpoints:
+            sub = KVSubscriber(
+                endpoint,
+                kv.topic,
+                lambda records: self.pipeline.offer(records, "kv"),
+                bind=kv.bind,
+                metrics=metrics,
+                replay_endpoint=kv.replay_endpoint,
+                topic_sources=kv.topic_sources,
+                count_received=False,
+                engine_filter=self.kv_engine_filter,
+            )
+            try:
+                sub.start()
+            except zmq.ZMQError as e:
+                raise OSError(f"kv endpoint {endpoint}: {e}") from e
+            self._kv.append(sub)
+            self.supervisor.watch("kv", functools.partial(getattr, sub, "alive"), sub.restart)
+            if not kv.bind:
+                connected.labels(endpoint).set_function(
+                    functools.partial(lambda s: float(bool(s.connected)), sub)
+                )
+        if not kv.bind:
+            self.add_readiness_check("kv", self._kv_readiness)
+
+    def _kv_readiness(self) -> str | None:
+        """Readiness: every KV endpoint we connect to has its publisher connected."""
+        down = [s for s in self._kv if s.connected is False]
+        if not down:
+            return None
+        return "; ".join(
+            f"{s.endpoint} not connected ({s.connect_failures} attempts failed)" for s in down
+        )
+
+    @property
+    def kv_endpoints(self) -> list[str]:
+        """Endpoints the KV subscribers are bound or connected to."""
+        return [s.bound_endpoint or s.endpoint for s in self._kv]
+
+    def stop(self) -> bool:
+        """Graceful stop: refuse new requests, drain the queue, close the consumer.
+
+        Returns True if the queue drained completely.
+        """
+        with self._lock:
+            if self._stopped:
+                return True
+            self._stopped = True
+        self.ready = False
+        self.supervisor.stop()  # workers stopped on purpose are not restarted
+        grace = min(self.settings.pipeline.drain_timeout_seconds, 5.0)
+        if self._grpc is not None:
+            self._grpc.stop(grace)
+        if self._otlp_http is not None:
+            self._otlp_http.stop()
+        for sub in self._kv:
+            sub.stop()
+        drained = self.pipeline.close(self.settings.pipeline.drain_timeout_seconds)
+        # The metrics server goes last so the final state can still be scraped while
+        # draining.
+        if self._http is not None:
+            self._http.stop()
+        self._stop_event.set()
+        log.info("coeffd stopped", drained=drained)
+        return drained
+
+    def request_stop(self) -> None:
+        """Ask :meth:`run` to shut down (signal-safe)."""
+        self._stop_event.set()
+
+    def run(self, install_signals: bool = True) -> int:
+        """Start, serve until SIGTERM/SIGINT (or :meth:`request_stop`), stop; exit code."""
+        if install_signals:
+
+            def _on_signal(signum: int, frame: FrameType | None) -> None:
+                log.info("signal received; shutting down", signal=signal.Signals(signum).name)
+                self._stop_event.set()
+
+            signal.signal(signal.SIGTERM, _on_signal)
+            signal.signal(signal.SIGINT, _on_signal)
+        self.start()
+        while not self._stop_event.wait(0.5):
+            pass
+        self.stop()
+        return 0
+
+    def __enter__(self) -> App:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,130 @@
+"""Extended step features: what BLIS's basis cannot see.
+
+The extended learner regresses the step period on the eleven BLIS terms *plus* these
+columns, and its predictions are reported beside the BLIS-basis learner's so the gain of
+each effect is visible. Every column is a physical quantity (µs where it is a time), so a
+fitted coefficient near 1 means "the roofline estimate is right":
+
+==========================  =============================================================
+column                      meaning
+==========================  =============================================================
+``kv_usage``                GPU KV-cache usage ratio at the step (pressure → eviction work)
+``kv_free_frac``            free GPU blocks / total (evictable cached blocks count free)
+``preempted``               requests preempted in this step (recompute, scheduler churn)
+``waiting_depth``           waiting-queue length (scheduler scan cost)
+``prefill_chunks``          prefill requests scheduled as a partial chunk this step
+``budget_fill``             scheduled tokens / ``max_num_batched_tokens`` (0 when unknown)
+``offload_store_us``        GPU→CPU KV bytes issued this step / host-link bandwidth (µs)
+``offload_load_us``         CPU→GPU KV bytes issued this step / host-link bandwidth (µs)
+``tp_comm_us``              TP all-reduce bytes per GPU / GPU interconnect bandwidth (µs)
+``ep_comm_us``              MoE dispatch+combine bytes per GPU / interconnect (µs)
+==========================  =============================================================
+
+Communication bytes use vLLM's real sizes (ring all-reduce moves ``2·(tp−1)/tp`` of the
+buffer per GPU; two all-reduces per layer — attention and MLP — for dense layers, one per
+MoE layer plus the expert dispatch when experts are spread over several GPUs), divided by
+the NVLink bandwidth of the hardware sheet (PCIe when the GPU has no NVLink). BLIS's own
+TP term divides the same kind of volume by HBM bandwidth, which is why its coefficient
+β₄ absorbs the ratio; here the ratio is explicit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from coeffd.learners.features.basis import BlisBasis
+from coeffd.learners.features.config import ServingConfig
+from coeffd.learners.features.observe import kv_bytes_per_block
+from coeffd.records.observations import StepObservation
+
+__all__ = ["EXTENDED_INDEX", "EXTENDED_NAMES", "N_EXTENDED", "extended_terms"]
+
+EXTENDED_NAMES: tuple[str, ...] = (
+    "kv_usage",
+    "kv_free_frac",
+    "preempted",
+    "waiting_depth",
+    "prefill_chunks",
+    "budget_fill",
+    "offload_store_us",
+    "offload_load_us",
+    "tp_comm_us",
+    "ep_comm_us",
+)
+EXTENDED_INDEX: dict[str, int] = {n: i for i, n in enumerate(EXTENDED_NAMES)}
+N_EXTENDED = len(EXTENDED_NAMES)
+
+
+def _tokens(obs: StepObservation) -> tuple[float, int]:
+    """(tokens through the model this step, partial prefill chunks)."""
+    agg = obs.aggregates
+    if obs.requests:
+        chunks = 0
+        tokens = 0
+        for r in obs.requests:
+            if r.progress < r.input_len:
+                tokens += r.new_tokens
+                if r.progress > 0 or r.progress + r.new_tokens < r.input_len:
+                    chunks += 1
+            else:
+                tokens += max(1, r.new_tokens)
+        return float(tokens), chunks
+    # Without requests, whether a prefill is a partial chunk is unknowable: report 0
+    # rather than guess, so the column never carries invented signal.
+    return float(agg.scheduled_tokens), 0
+
+
+def extended_terms(
+    obs: StepObservation, basis: BlisBasis, config: ServingConfig
+) -> npt.NDArray[np.float64]:
+    """The :data:`EXTENDED_NAMES` columns of one step (see module docs)."""
+    if obs.more_batches:
+        # state columns of one step do not add up over a span: no extended row
+        return np.full(N_EXTENDED, np.nan)
+    agg = obs.aggregates
+    out = np.zeros(N_EXTENDED)
+    out[0] = agg.kv_usage_gpu_ratio
+    if agg.kv_blocks_total_gpu > 0:
+        out[1] = agg.kv_blocks_free_gpu / agg.kv_blocks_total_gpu
+    out[2] = agg.num_preempted
+    out[3] = agg.waiting_depth
+    tokens, chunks = _tokens(obs)
+    out[4] = chunks
+    if config.max_num_batched_tokens:
+        out[5] = agg.scheduled_tokens / config.max_num_batched_tokens
+
+    hw = basis.hw
+    model = basis.model
+    if obs.kv_transfers and hw.host_bytes_per_us > 0:
+        # Each TP rank moves its own shard over its own host link, in parallel.
+        per_block = kv_bytes_per_block(
+            model,
+            config.block_size,
+            kv_cache_dtype=config.kv_cache_dtype,
+            tp=config.tp,
+            per_rank=True,
+        )
+        for tr in obs.kv_transfers:
+            us = tr.block_count * per_block / hw.host_bytes_per_us
+            out[6 if tr.store else 7] += us
+
+    link = hw.interconnect_bytes_per_us
+    if link > 0 and tokens > 0:
+        a = float(model.bytes_per_param)
+        d = float(model.hidden_dim)
+        tp = config.tp
+        dp = config.dp
+        tokens_per_rank = tokens / dp
+        if tp > 1:
+            ring = 2.0 * (tp - 1) / tp
+            reduces = 2 * model.dense_layers + 2 * model.moe_layers  # attention + FFN/experts
+            out[8] = reduces * tokens_per_rank * d * a * ring / link
+        group = tp * dp if model.is_moe else 1
+        if model.is_moe and group > 1 and (config.ep or dp > 1):
+            k = model.experts_per_tok_eff
+            # Dispatch and combine: each token's hidden state to k experts and back,
+            # the fraction (G−1)/G of which lives on other GPUs.
+            vol = tokens_per_rank * k * d * a * 2.0 * (group - 1) / group
+            out[9] = vol * model.moe_layers / link
+    return out

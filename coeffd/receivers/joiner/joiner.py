@@ -1,0 +1,794 @@
+"""The sliding-window joiner: event records in, training observations out.
+
+Single-threaded by design: the daemon's one pipeline consumer calls :meth:`Joiner.push`
+(or :meth:`Joiner.push_many`) for every record, :meth:`Joiner.tick` on a timer, and
+:meth:`Joiner.flush` at shutdown. Nothing here blocks or does I/O except one structured
+log line per window summary.
+
+Bounded: every partial join lives at most ``window_s`` of its emitting process's wall
+clock (a watermark per source: the max ``wall_ns`` seen from it) and at most the
+configured number of entries; what expires is dropped and counted by reason.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import msgspec
+import structlog
+from prometheus_client import CollectorRegistry
+
+from coeffd.receivers.joiner import kv as kvmod
+from coeffd.receivers.joiner.config import JoinerConfig
+from coeffd.receivers.joiner.engine import EngineState, LoopWait
+from coeffd.receivers.joiner.metrics import JoinerMetrics
+from coeffd.receivers.joiner.requests import CoreState, EntryKey, RequestEntry, build_observation
+from coeffd.records.events import (
+    ApiEvent,
+    ApiKind,
+    BatchSummary,
+    CoreSpan,
+    JourneyEvent,
+    JourneyKind,
+    KVTransfer,
+    Record,
+    RequestSnapshot,
+    RequestSpan,
+    Source,
+    StepSpan,
+)
+from coeffd.records.observations import KVTransferObservation, Observation
+
+log = structlog.get_logger(__name__)
+
+SpanKey = tuple[bytes, bytes]
+_SWEEP_NS = 200_000_000  # sweep due work at most every 200 ms of data time
+_GAUGE_NS = 5_000_000_000  # refresh window gauges every 5 s of data time
+_TERMINAL = (ApiKind.DEPARTED, ApiKind.ABORTED)
+
+
+class Joiner:
+    """Sliding-window join of journeys, step summaries and KV transfers.
+
+    >>> j = Joiner()
+    >>> j.push_many([]) == [] and j.flush() == []
+    True
+    >>> j.entries()["request"]
+    0
+    """
+
+    def __init__(
+        self,
+        config: JoinerConfig | None = None,
+        metrics: JoinerMetrics | CollectorRegistry | None = None,
+    ) -> None:
+        self.cfg = config if config is not None else JoinerConfig()
+        if isinstance(metrics, JoinerMetrics):
+            self.metrics = metrics
+        else:
+            self.metrics = JoinerMetrics(metrics)
+        self._window_ns = int(self.cfg.window_s * 1e9)
+        self._wait_delay_ns = int(min(self.cfg.loop_wait_delay_s, 0.9 * self.cfg.window_s) * 1e9)
+        self._tol_ns = self.cfg.same_host_tolerance_us * 1e3
+        self._engines: dict[str, EngineState] = {}
+        self._wm: dict[str, int] = {}  # watermark (max wall ns) per source id
+        self._max_wall = 0
+        self._last_sweep = 0
+        self._last_log = 0
+        self._last_gauges = 0
+        self._logged: Counter[tuple[str, str, str]] = Counter()
+        self._requests: dict[EntryKey, RequestEntry] = {}
+        self._req_heap: list[tuple[int, EntryKey, str]] = []  # (deadline, key, clock src)
+        self._done: dict[SpanKey, int] = {}  # tombstones: span key -> forget after (wall)
+        # Complete requests waiting for queue-state finality, per engine: a heap of
+        # (QUEUED step, key). Only new coverage of that engine reaching the QUEUED step can
+        # make one final, so a boundary rechecks just those (not every waiter: that was
+        # a fifth of the daemon's time under load).
+        self._ready: dict[str, list[tuple[int, EntryKey]]] = {}
+        self._ready_keys: set[tuple[str, EntryKey]] = set()
+        self._skip_span: SpanKey | None = None  # events of a duplicate span being skipped
+        # the span whose events are arriving now (they follow their span record)
+        self._cur: tuple[SpanKey, RequestEntry, CoreState | None, EngineState | None] | None = None
+        self._pending_cov: list[tuple[EngineState, int, int]] = []
+        self._wait_wm: dict[str, int] = {}  # per engine, the watermark of this sweep
+        #: Load shedding (set by the consumer while it sheds): steps for which this is
+        #: False are finalized without an observation, counted as outcome ``shed``;
+        #: so are summaries the decoder already read partially (``BatchSummary.partial``).
+        self.step_filter: Callable[[int], bool] | None = None
+        self._n_shed = 0
+        self._kv_open: dict[kvmod.TransferKey, KVTransfer] = {}
+        self._kv_done: dict[tuple[bool, kvmod.TransferKey], int] = {}
+        self._kv_early: dict[kvmod.TransferKey, KVTransfer] = {}  # completed, not initiated
+        self._kv_link: dict[tuple[str, int], str] = {}
+        self._restarts: dict[str, list[int]] = {}
+        self._kv_sources: dict[tuple[str, int], Source] = {}
+        self._kv_steps: dict[tuple[str, int], dict[int, list[KVTransferObservation]]] = {}
+        self._out: list[Observation] = []
+        self._dispatch: dict[type, Callable[[Any], None]] = {
+            JourneyEvent: self._on_journey,
+            ApiEvent: self._on_api_event,
+            BatchSummary: self._on_summary,
+            RequestSnapshot: self._on_snapshot,
+            CoreSpan: self._on_core_span,
+            RequestSpan: self._on_request_span,
+            StepSpan: self._on_step_span,
+            KVTransfer: self._on_kv_transfer,
+        }
+
+    # ================================================================= public API
+
+    def push(self, record: Record) -> list[Observation]:
+        """Feed one record; returns the observations it completed (often none)."""
+        h = self._dispatch.get(type(record))
+        if h is not None:
+            h(record)
+        if self._max_wall - self._last_sweep >= _SWEEP_NS:
+            self._sweep(None)
+        if self._out:
+            return self._take()
+        return []
+
+    def push_many(self, records: Iterable[Record]) -> list[Observation]:
+        """Feed a batch (e.g. one decoded export request); the batch end is a boundary."""
+        d = self._dispatch
+        for r in records:
+            h = d.get(type(r))
+            if h is not None:
+                h(r)
+        self._boundary()
+        if self._max_wall - self._last_sweep >= _SWEEP_NS:
+            self._sweep(None)
+        return self._take()
+
+    def tick(self, now_wall_ns: int | None = None) -> list[Observation]:
+        """Finalize what is due. ``now_wall_ns`` (the data's wall clock, e.g.
+        ``time.time_ns()`` when live) also advances every source's watermark, so an
+        idle engine's last steps and requests still complete."""
+        self._boundary()
+        self._sweep(now_wall_ns)
+        return self._take()
+
+    def flush(self) -> list[Observation]:
+        """End of stream: finalize everything still held and clear the window."""
+        self._boundary()
+        for eng in self._engines.values():
+            for n in eng.drain_all():
+                self._finalize_step(eng, n)
+        for key in list(self._requests):
+            self._expire_request(key)
+        for eng in self._engines.values():
+            for item in eng.due_loop_waits(None):
+                self._emit_loop_wait(eng, item)
+        self._req_heap.clear()
+        self._ready.clear()
+        self._ready_keys.clear()
+        if self._kv_open:
+            self.metrics.outcome("kv_transfer", "expired", "no_completion", len(self._kv_open))
+        if self._kv_early:
+            self.metrics.outcome("kv_transfer", "unmatched", "no_initiation", len(self._kv_early))
+        self._kv_open.clear()
+        self._kv_early.clear()
+        self._kv_done.clear()
+        self._done.clear()
+        self._engines.clear()
+        self._kv_steps.clear()
+        self._count_shed()
+        self._update_gauges()
+        self._log_summary(force=True)
+        return self._take()
+
+    def entries(self) -> dict[str, int]:
+        """Current window occupancy by kind (what the gauge shows)."""
+        e: Counter[str] = Counter()
+        for eng in self._engines.values():
+            e.update(eng.entries())
+        e["request"] = len(self._requests)
+        e["tombstone"] = len(self._done)
+        e["kv_open"] = len(self._kv_open) + len(self._kv_early)
+        e["kv_done"] = len(self._kv_done)
+        e["kv_by_step"] = sum(len(v) for d in self._kv_steps.values() for v in d.values())
+        e["engine"] = len(self._engines)
+        return dict(e)
+
+    # ================================================================= plumbing
+
+    def _see(self, source: Source, wall_ns: int) -> None:
+        sid = source.id
+        if wall_ns > self._wm.get(sid, 0):
+            self._wm[sid] = wall_ns
+            eng = self._engines.get(sid)
+            if eng is not None and wall_ns > eng.touched:
+                eng.touched = wall_ns  # (a live tick moves _wm, never this)
+        if wall_ns > self._max_wall:
+            self._max_wall = wall_ns
+
+    def _engine(self, source: Source) -> EngineState:
+        eng = self._engines.get(source.id)
+        if eng is None:
+            if len(self._engines) >= self.cfg.max_engines:
+                # forget the engine heard from longest ago
+                oldest = min(self._engines.values(), key=lambda e: e.watermark)
+                for _ in oldest.drain_all():
+                    self.metrics.outcome("step", "expired", "engine_capacity")
+                del self._engines[oldest.source.id]
+            eng = self._engines[source.id] = EngineState(source, self.cfg)
+            eng.touched = self._wm.get(source.id, 0)  # _see ran for the record creating it
+        return eng
+
+    def _late(self, source: Source, wall_ns: int) -> bool:
+        return wall_ns < self._wm.get(source.id, 0) - self._window_ns
+
+    def _take(self) -> list[Observation]:
+        """Hand out the observations built so far (and count steps shed meanwhile)."""
+        self._count_shed()
+        out, self._out = self._out, []
+        return out
+
+    def _count_shed(self) -> None:
+        if self._n_shed:
+            self.metrics.outcome("step", "shed", "load", self._n_shed)
+            self._n_shed = 0
+
+    def _boundary(self) -> None:
+        """The events of the previous span are all in: apply coverage, recheck waiters."""
+        if not self._pending_cov:
+            return
+        touched: dict[str, EngineState] = {}
+        for eng, a, b in self._pending_cov:
+            eng.add_coverage(a, b)
+            touched[eng.source.id] = eng
+        self._pending_cov.clear()
+        # only new coverage can make a waiting queue state final, and only for QUEUED
+        # steps at or below the engine's covered end
+        for sid, eng in touched.items():
+            heap = self._ready.get(sid)
+            if not heap:
+                continue
+            top = eng.coverage[-1][1] if eng.coverage else -1
+            due = []
+            while heap and heap[0][0] <= top:
+                due.append(heapq.heappop(heap))
+            for _, key in due:
+                if (sid, key) not in self._ready_keys:
+                    continue  # closed or expired since it was queued here
+                self._ready_keys.discard((sid, key))
+                entry = self._requests.get(key)
+                if entry is not None:
+                    self._try_emit(entry)  # queues it again if still not final
+
+    # ================================================================= handlers
+
+    def _on_request_span(self, r: RequestSpan) -> None:
+        self._boundary()
+        self._cur = None
+        si = r.span
+        key = (si.trace_id, si.span_id)
+        self._see(si.source, si.end_wall_ns)
+        if key in self._done:
+            self._skip_span = key
+            self.metrics.outcome("request", "duplicate")
+            return
+        entry = self._requests.get(key)
+        if entry is not None and entry.api is not None:
+            self._skip_span = key
+            self.metrics.outcome("request", "duplicate")
+            return
+        self._skip_span = None
+        if entry is None:
+            if self._late(si.source, si.end_wall_ns):
+                self._skip_span = key
+                self.metrics.outcome("request", "late", "api_span")
+                return
+            entry = self._new_entry(key, si.end_wall_ns, si.source.id)
+        entry.api = r
+        self._cur = (key, entry, None, None)
+        self._try_emit(entry)
+
+    def _on_api_event(self, ev: ApiEvent) -> None:
+        si = ev.span
+        key = (si.trace_id, si.span_id)
+        cur = self._cur
+        if cur is not None and cur[0] == key:
+            # the common case: events right after their span (already seen, not a duplicate)
+            entry = cur[1]
+        else:
+            if key == self._skip_span or key in self._done:
+                return
+            self._see(si.source, ev.wall_ns)
+            entry = self._requests.get(key) or self._new_entry(key, si.end_wall_ns, si.source.id)
+        kind = ev.kind
+        if kind not in entry.api_events:
+            entry.api_events[kind] = ev
+            if kind in _TERMINAL and entry.api is not None and entry.cores:
+                self._try_emit(entry)
+
+    def _on_core_span(self, r: CoreSpan) -> None:
+        self._boundary()
+        self._cur = None
+        si = r.span
+        skey = (si.trace_id, si.span_id)
+        self._see(si.source, si.end_wall_ns)
+        eng = self._engines.get(si.source.id) or self._engine(si.source)
+        if skey in self._done:
+            self._skip_span = skey
+            self.metrics.outcome("request", "duplicate")
+            return
+        key = (si.trace_id, si.parent_span_id)
+        entry = self._requests.get(key)
+        core = entry.cores.get(si.span_id) if entry is not None else None
+        if core is not None and core.span is not None:
+            self._skip_span = skey
+            self.metrics.outcome("request", "duplicate")
+            return
+        self._skip_span = None
+        if entry is None:
+            if self._late(si.source, si.end_wall_ns):
+                self._skip_span = skey
+                self.metrics.outcome("request", "late", "core_span")
+                return
+            entry = self._new_entry(key, si.end_wall_ns, si.source.id)
+        if core is None:
+            core = entry.cores[si.span_id] = CoreState()
+        core.span = r
+        self._cur = (skey, entry, core, eng)
+        self._try_emit(entry)
+
+    def _on_journey(self, ev: JourneyEvent) -> None:
+        si = ev.span
+        skey = (si.trace_id, si.span_id)
+        cur = self._cur
+        if cur is not None and cur[0] == skey:
+            _, entry, core, eng = cur
+            assert core is not None and eng is not None
+        else:
+            if skey == self._skip_span or skey in self._done:
+                return
+            self._see(si.source, ev.wall_ns)
+            eng = self._engines.get(si.source.id) or self._engine(si.source)
+            key = (si.trace_id, si.parent_span_id)
+            entry = self._requests.get(key) or self._new_entry(key, si.end_wall_ns, si.source.id)
+            core = entry.cores.get(si.span_id)
+            if core is None:
+                core = entry.cores[si.span_id] = CoreState()
+        if core.add(ev):
+            eng.add_anchor(ev)
+            if ev.kind is JourneyKind.FINISHED:
+                eng.add_life(core.scheduled_first, core.first_token, ev, core.max_preemptions)
+                self._try_emit(entry)
+
+    def _on_step_span(self, r: StepSpan) -> None:
+        self._boundary()
+        self._cur = None
+        si = r.span
+        self._see(si.source, si.end_wall_ns)
+        eng = self._engine(si.source)
+        eng.see(si.end_wall_ns)
+        skey = (si.trace_id, si.span_id)
+        if skey in self._done:
+            self.metrics.outcome("step", "duplicate", "step_span")
+            return
+        self._done[skey] = si.end_wall_ns + self._window_ns
+        if r.range_end is not None and si.dropped_events == 0:
+            # only a span that lost no events proves that its range's summaries are all here
+            self._pending_cov.append((eng, r.range_start, r.range_end))
+
+    def _on_summary(self, s: BatchSummary) -> None:
+        si = s.span
+        self._see(si.source, s.wall_ns)
+        eng = self._engines.get(si.source.id) or self._engine(si.source)
+        if eng.is_restart(s):
+            eng = self._restart(eng, s.wall_ns)
+        res = eng.add_summary(s)
+        if res != "ok":
+            self.metrics.outcome("step", res, "summary")
+
+    def _restart(self, eng: EngineState, wall_ns: int) -> EngineState:
+        """The engine restarted under the same identity (step ids start again at 1).
+        Finish what the old incarnation left and start anew; restarts that keep coming
+        mean two live engines behind one identity, whose steps cannot be told apart."""
+        self._finish_engine(eng)
+        sid = eng.source.id
+        recent = [t for t in self._restarts.get(sid, []) if t > wall_ns - self._window_ns]
+        recent.append(wall_ns)
+        self._restarts[sid] = recent
+        log.info("joiner: engine restart detected", source=sid, max_step=eng.max_step)
+        new = self._engines[sid] = EngineState(eng.source, self.cfg)
+        if len(recent) >= 3 or eng.ambiguous:
+            new.ambiguous = True
+        self._kv_link = {k: v for k, v in self._kv_link.items() if v != eng.source.id}
+        return new
+
+    def _on_snapshot(self, s: RequestSnapshot) -> None:
+        si = s.span
+        eng = self._engines.get(si.source.id) or self._engine(si.source)
+        eng.add_snapshot(s)
+
+    def _on_kv_transfer(self, t: KVTransfer) -> None:
+        b = t.batch
+        self._see(b.source, b.wall_ns)
+        key = kvmod.transfer_key(t)
+        dkey = (t.completed, key)
+        if dkey in self._kv_done:
+            self.metrics.outcome("kv_transfer", "duplicate")
+            return
+        if not t.completed:
+            if key in self._kv_open:
+                self.metrics.outcome("kv_transfer", "duplicate")
+                return
+            if len(self._kv_open) >= self.cfg.max_kv_transfers:
+                old = next(iter(self._kv_open))
+                del self._kv_open[old]
+                self.metrics.outcome("kv_transfer", "expired", "capacity")
+            self._kv_done[dkey] = b.wall_ns + self._window_ns
+            early = self._kv_early.pop(key, None)
+            if early is not None:
+                self._pair_kv(t, early)
+                return
+            self._kv_open[key] = t
+            return
+        self._kv_done[dkey] = b.wall_ns + self._window_ns
+        init = self._kv_open.pop(key, None)
+        if init is None:
+            # completion first (out-of-order delivery): wait for the initiation
+            self._kv_early[key] = t
+            return
+        self._pair_kv(init, t)
+
+    def _pair_kv(self, init: KVTransfer, done: KVTransfer) -> None:
+        obs = kvmod.pair(init, done)
+        if obs.duration_us < 0:
+            self.metrics.outcome("kv_transfer", "rejected", "negative_duration")
+            return
+        self._emit_kv(obs, init.batch.source, init.batch.dp_rank)
+
+    # ================================================================= requests
+
+    def _new_entry(self, key: EntryKey, wall_ns: int, clock: str) -> RequestEntry:
+        if len(self._requests) >= self.cfg.max_requests:
+            old = next(iter(self._requests))
+            self._expire_request(old, reason="capacity")
+        entry = RequestEntry(key=key, deadline_wall=wall_ns + self._window_ns)
+        self._requests[key] = entry
+        heapq.heappush(self._req_heap, (entry.deadline_wall, key, clock))
+        return entry
+
+    def _expected_cores(self, entry: RequestEntry) -> int:
+        n = entry.api.n if entry.api is not None else None
+        return n if n is not None and n > 1 else 1
+
+    def _try_emit(self, entry: RequestEntry) -> None:
+        """Emit the observation of every finished core whose queue state is final."""
+        if not entry.api_done():
+            return
+        for core in entry.cores.values():
+            if core.emitted or core.finished is None or core.span is None:
+                continue
+            eng = self._engines.get(core.span.span.source.id)
+            if eng is None:
+                continue
+            qs, final = (None, True)
+            if core.queued is not None:
+                qs, final = eng.queue_state(core.queued.step)
+            if not final:
+                self._wait_for_coverage(eng.source.id, core.queued.step, entry.key)  # type: ignore[union-attr]
+                continue
+            self._emit_request(entry, core, eng.source, qs)
+        cores = entry.cores
+        if len(cores) >= self._expected_cores(entry) and all(c.emitted for c in cores.values()):
+            self._close_entry(entry)
+
+    def _wait_for_coverage(self, sid: str, step: int, key: EntryKey) -> None:
+        if (sid, key) not in self._ready_keys:
+            self._ready_keys.add((sid, key))
+            heapq.heappush(self._ready.setdefault(sid, []), (step, key))
+
+    def _emit_request(self, entry: RequestEntry, core: CoreState, src: Source, qs: Any) -> None:
+        core.emitted = True
+        obs, reason = build_observation(entry, core, src, qs, self._tol_ns)
+        if obs is None:
+            self.metrics.outcome("request", "rejected", reason)
+            return
+        eng = self._engines.get(src.id)
+        q = core.queued
+        if eng is not None and q is not None:
+            # the loop wait is decided loop_wait_delay_s after the QUEUED (see
+            # EngineState.loop_wait): late enough for the journeys around it to be in,
+            # early enough for the steps they pin to be still held
+            deadline = q.wall_ns + self._wait_delay_ns
+            over = eng.defer_loop_wait(LoopWait(deadline, obs, q.mono_ns, q.step))
+            if over is not None:
+                self._emit_loop_wait(eng, over, "capacity")
+            return
+        self._out.append(obs)
+        self.metrics.emitted("request")
+
+    def _emit_loop_wait(self, eng: EngineState, item: LoopWait, forced: str = "") -> None:
+        obs = item.obs
+        wait, how = (
+            (None, forced) if forced else eng.loop_wait(item.queued_mono_ns, item.queued_step)
+        )
+        self.metrics.loop_waits[how] += 1
+        if wait is not None:
+            obs = msgspec.structs.replace(obs, queued_loop_wait_us=wait / 1e3)
+        self._out.append(obs)
+        self.metrics.emitted("request")
+
+    def _close_entry(self, entry: RequestEntry) -> None:
+        """Forget a request; remember its span keys to recognise redeliveries."""
+        self._requests.pop(entry.key, None)
+        for core in entry.cores.values():
+            if core.span is not None:
+                self._ready_keys.discard((core.span.span.source.id, entry.key))
+        self._cur = None  # later events of its spans are redeliveries
+        forget = entry.deadline_wall + self._window_ns
+        self._done[entry.key] = forget
+        tid = entry.key[0]
+        for sid in entry.cores:
+            self._done[(tid, sid)] = forget
+
+    def _expire_request(self, key: EntryKey, reason: str = "") -> None:
+        entry = self._requests.get(key)
+        if entry is None:
+            return
+        for core in entry.cores.values():
+            if core.emitted:
+                continue
+            if core.span is not None and entry.api is not None and core.queued is not None:
+                eng = self._engines.get(core.span.span.source.id)
+                if eng is not None:
+                    qs, _ = eng.queue_state(core.queued.step)
+                    self._emit_request(entry, core, eng.source, qs)
+                    continue
+            why = reason or (
+                "no_api_span"
+                if entry.api is None
+                else "no_core_span"
+                if core.span is None
+                else "no_queued"
+            )
+            core.emitted = True
+            self.metrics.outcome("request", "expired", why)
+        if not entry.cores:
+            self.metrics.outcome("request", "expired", reason or "no_core_span")
+        self._close_entry(entry)
+
+    # ================================================================= steps / kv
+
+    def _finalize_step(self, eng: EngineState, n: int) -> None:
+        s = eng.summaries.get(n)
+        if s is None or n in eng.finalized:
+            return
+        keep = self.step_filter
+        if s.partial or (keep is not None and not keep(n)):
+            # Shed before the join work: pinning and composing a step costs several times
+            # what learning it does, so shedding only at the learner saved too little.
+            eng.shed(n)
+            eng.mark_bracket(n)  # no segment ends at a shed summary: its work is shed too
+            self._n_shed += 1  # tallied in bulk (_count_shed): per-step tallies cost 6 %
+            return
+        res = eng.finalize(n, self._kv_for_step(eng, n) if self._kv_steps else ())
+        if res.observation is not None:
+            self._out.append(res.observation)
+            self.metrics.emitted("step")
+        else:
+            self.metrics.outcome("step", res.outcome, res.reason)
+        spans, why = eng.journey_spans(n)
+        if spans:
+            self._out.extend(spans)
+            self.metrics.emitted("step", len(spans))
+            self.metrics.journey_steps["joined"] += sum(1 + len(o.more_batches) for o in spans)
+        for reason, k in why.items():
+            self.metrics.journey_steps[reason] += k
+
+    def _emit_kv(self, obs: KVTransferObservation, src: Source, dp_rank: int) -> None:
+        self._out.append(obs)
+        self.metrics.emitted("kv_transfer")
+        if obs.step is None:
+            return
+        ks = (src.id, dp_rank)
+        self._kv_sources[ks] = src
+        self._kv_steps.setdefault(ks, {}).setdefault(obs.step, []).append(obs)
+
+    def _kv_for_step(self, eng: EngineState, n: int) -> tuple[KVTransferObservation, ...]:
+        """Transfers issued in step ``n`` by the KV streams linked to this engine.
+
+        Resolved at finalization, not on arrival: KV batches arrive in near real time,
+        often before the engine's first span, so the link is only knowable later.
+        """
+        found: list[KVTransferObservation] = []
+        for ks, by_step in self._kv_steps.items():
+            lst = by_step.get(n)
+            if lst and self._kv_engine(self._kv_sources[ks], ks[1]) is eng:
+                found.extend(lst)
+        return tuple(sorted(found, key=lambda o: (o.dp_rank, o.transfer_id)))
+
+    def _kv_engine(self, src: Source, dp_rank: int) -> EngineState | None:
+        """The EngineCore a KV publisher belongs to: same source id, else a shared
+        resource key (``kv_link_keys``) and DP rank, else the only engine there is."""
+        lk = (src.id, dp_rank)
+        sid = self._kv_link.get(lk)
+        if sid is not None and sid in self._engines:
+            return self._engines[sid]
+        found: EngineState | None = self._engines.get(src.id)
+        if found is None:
+            for key in self.cfg.kv_link_keys:
+                v = src.get(key)
+                if v is None:
+                    continue
+                cands = [
+                    e
+                    for e in self._engines.values()
+                    if e.source.get(key) == v
+                    and e.source.get("coeffd.dp_rank", dp_rank) in (dp_rank, str(dp_rank))
+                ]
+                if len(cands) == 1:
+                    found = cands[0]
+                    break
+        if found is not None:
+            self._kv_link[lk] = found.source.id
+            return found
+        if len(self._engines) == 1:  # not cached: another engine may still show up
+            return next(iter(self._engines.values()))
+        return None
+
+    def _purge_kv_steps(self) -> None:
+        """Forget per-step transfers of steps the linked engine has already passed."""
+        for ks, by_step in list(self._kv_steps.items()):
+            eng = self._kv_engine(self._kv_sources[ks], ks[1])
+            if eng is not None:
+                h = eng.horizon
+                for n in [n for n in by_step if n < h]:
+                    del by_step[n]
+            cap = self.cfg.max_kv_transfers
+            if len(by_step) > cap:
+                for n in sorted(by_step)[: len(by_step) - cap]:
+                    del by_step[n]
+            if not by_step:
+                del self._kv_steps[ks]
+
+    # ================================================================= window
+
+    def _sweep(self, now: int | None) -> None:
+        """Finalize due steps and requests, expire state, enforce caps."""
+        if now is not None:
+            for sid in self._wm:
+                if now > self._wm[sid]:
+                    self._wm[sid] = now
+            if now > self._max_wall:
+                self._max_wall = now
+        self._last_sweep = self._max_wall
+        gone: list[str] = []
+        for eng in list(self._engines.values()):
+            wm = max(eng.watermark, self._wm.get(eng.source.id, 0))
+            if now is not None and now > wm:
+                wm = now
+            eng.see(wm)
+            for n in eng.due(wm):
+                self._finalize_step(eng, n)
+            for item in eng.due_loop_waits(wm):
+                self._emit_loop_wait(eng, item)
+            eng.expire(wm)
+            self._wait_wm[eng.source.id] = wm
+            if eng.silent(wm) or eng.touched < self._max_wall - 2 * self._window_ns:
+                gone.append(eng.source.id)
+            for _ in eng.enforce_caps():
+                self.metrics.outcome("step", "expired", "capacity")
+        heap = self._req_heap
+        while heap:
+            deadline, key, clock = heap[0]
+            if deadline > self._wm.get(clock, 0):
+                break
+            heapq.heappop(heap)
+            entry = self._requests.get(key)
+            if entry is not None and entry.deadline_wall == deadline:
+                self._expire_request(key)
+        for sid, wm in self._wait_wm.items():  # requests the expiry above just completed
+            e = self._engines.get(sid)
+            if e is not None:
+                for item in e.due_loop_waits(wm):
+                    self._emit_loop_wait(e, item)
+        self._wait_wm.clear()
+        for sid in gone:
+            self._forget_engine(sid)
+        if len(heap) > 4 * len(self._requests) + 1024:
+            self._req_heap = [x for x in heap if x[1] in self._requests]
+            heapq.heapify(self._req_heap)
+        for sid in list(self._ready):  # waiters closed or expired are dropped lazily
+            waiters = self._ready[sid]
+            if len(waiters) > 4 * len(self._ready_keys) + 1024 or sid not in self._engines:
+                waiters = [x for x in waiters if (sid, x[1]) in self._ready_keys]
+                heapq.heapify(waiters)
+                if waiters:
+                    self._ready[sid] = waiters
+                else:
+                    del self._ready[sid]
+        self._expire_dict(self._done)
+        self._expire_dict(self._kv_done)
+        self._expire_kv(self._kv_open, "expired", "no_completion")
+        self._purge_kv_steps()
+        self._expire_kv(self._kv_early, "unmatched", "no_initiation")
+        # data time, not ticks: counting a window of hundreds of engines on every tick
+        # cost 2 % of a loaded daemon
+        if self._max_wall - self._last_gauges >= _GAUGE_NS or not self._last_gauges:
+            self._last_gauges = self._max_wall
+            self._update_gauges()
+        self.metrics.sync()
+        self._log_summary()
+
+    def _forget_engine(self, sid: str) -> None:
+        """An engine silent for a window of its own clock, or for two of the fleet's (a
+        replay has no wall clock to move a silent engine's on): finish what it left and
+        drop its state, so memory follows the engines that still send."""
+        e = self._engines.get(sid)
+        if e is None:
+            return
+        if not e.silent(e.watermark):
+            if e.touched >= self._max_wall - 2 * self._window_ns:
+                return
+            self._finish_engine(e)
+        del self._engines[sid]
+
+    def _finish_engine(self, eng: EngineState) -> None:
+        """Finalize every step and decide every loop wait an engine still holds (it
+        restarted or fell silent: nothing more will come for them)."""
+        for n in eng.drain_all():
+            self._finalize_step(eng, n)
+        for item in eng.due_loop_waits(None):
+            self._emit_loop_wait(eng, item)
+
+    def _expire_dict(self, d: dict[Any, int]) -> None:
+        """Drop tombstones past their time (insertion order ≈ time order)."""
+        limit = self._max_wall
+        drop = []
+        for k, t in d.items():
+            if t > limit:
+                break
+            drop.append(k)
+        for k in drop:
+            del d[k]
+        cap = 2 * self.cfg.max_requests
+        while len(d) > cap:
+            del d[next(iter(d))]
+
+    def _expire_kv(self, d: dict[kvmod.TransferKey, KVTransfer], outcome: str, why: str) -> None:
+        """Drop unpaired transfer halves older than the window (insertion ≈ time order)."""
+        drop = []
+        for k, t in d.items():
+            b = t.batch
+            if b.wall_ns >= self._wm.get(b.source.id, 0) - self._window_ns:
+                break
+            drop.append(k)
+        while len(d) - len(drop) > self.cfg.max_kv_transfers:
+            drop.append(list(d)[len(drop)])
+        for k in drop:
+            del d[k]
+        if drop:
+            self.metrics.outcome("kv_transfer", outcome, why, len(drop))
+
+    def _update_gauges(self) -> None:
+        self.metrics.sync()
+        for kind, n in self.entries().items():
+            self.metrics.entries(kind, n)
+
+    def _log_summary(self, force: bool = False) -> None:
+        interval = int(self.cfg.summary_log_interval_s * 1e9)
+        if not force and self._max_wall - self._last_log < interval:
+            return
+        if not self.metrics.outcomes:
+            return  # nothing happened yet: no line
+        self._last_log = self._max_wall
+        delta = self.metrics.reasons - self._logged
+        outcomes = {f"{o}.{k}": n for (o, k), n in sorted(self.metrics.outcomes.items()) if n}
+        log.info(
+            "joiner window summary",
+            outcomes=outcomes,
+            reasons_since_last={f"{o}.{k}.{r}": n for (o, k, r), n in sorted(delta.items())},
+            entries=self.entries(),
+            async_modes={
+                sid: (e.mode(), e.async_source or "inferred") for sid, e in self._engines.items()
+            },
+        )
+        self._logged = Counter(self.metrics.reasons)

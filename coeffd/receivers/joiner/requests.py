@@ -1,0 +1,171 @@
+"""Per-request join state: ``llm_request`` (API) + ``llm_core`` (EngineCore) → alpha targets.
+
+The two spans are linked by trace id and ``llm_core.parent_span_id == llm_request.span_id``
+(spec §2.6), never by request-id strings. Mono times of the API process and of the
+EngineCore are compared only after the two processes were shown to share a host: each
+journey/API event reads wall and mono back to back, so equal ``wall - mono`` offsets
+(within a tolerance) mean one ``CLOCK_MONOTONIC``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from coeffd.records.events import (
+    ApiEvent,
+    ApiKind,
+    CoreSpan,
+    JourneyEvent,
+    JourneyKind,
+    RequestSpan,
+    Source,
+)
+from coeffd.records.observations import QueueState, RequestObservation
+
+EntryKey = tuple[bytes, bytes]  # (trace id, llm_request span id)
+
+
+@dataclass(slots=True)
+class CoreState:
+    """One ``llm_core`` span and the journey events that matter for alpha targets."""
+
+    span: CoreSpan | None = None
+    queued: JourneyEvent | None = None
+    scheduled_first: JourneyEvent | None = None
+    first_token: JourneyEvent | None = None
+    finished: JourneyEvent | None = None
+    max_preemptions: int = 0
+    emitted: bool = False
+
+    def add(self, ev: JourneyEvent) -> bool:
+        """Record a journey event; False if it was already there (duplicate)."""
+        k = ev.kind
+        if ev.num_preemptions > self.max_preemptions:
+            self.max_preemptions = ev.num_preemptions
+        if k is JourneyKind.QUEUED:
+            if self.queued is not None:
+                return False
+            self.queued = ev
+        elif k is JourneyKind.SCHEDULED:
+            if ev.schedule_kind == "RESUME":
+                return True
+            if self.scheduled_first is not None:
+                return False
+            self.scheduled_first = ev
+        elif k is JourneyKind.FIRST_TOKEN:
+            if self.first_token is not None:
+                return False
+            self.first_token = ev
+        elif k is JourneyKind.FINISHED:
+            if self.finished is not None:
+                return False
+            self.finished = ev
+        return True
+
+
+@dataclass(slots=True)
+class RequestEntry:
+    """Both sides of one traced request (several ``llm_core`` when n > 1)."""
+
+    key: EntryKey
+    deadline_wall: int
+    api: RequestSpan | None = None
+    api_events: dict[ApiKind, ApiEvent] = field(default_factory=dict)
+    cores: dict[bytes, CoreState] = field(default_factory=dict)
+
+    def api_done(self) -> bool:
+        ev = self.api_events
+        return self.api is not None and (ApiKind.DEPARTED in ev or ApiKind.ABORTED in ev)
+
+
+def same_host(api_ev: ApiEvent, core_ev: JourneyEvent, tolerance_ns: float) -> bool:
+    """Whether two events' processes share ``CLOCK_MONOTONIC`` (equal wall-mono offsets).
+
+    >>> from coeffd.records.events import ApiKind, JourneyKind
+    >>> a = ApiEvent(None, ApiKind.ARRIVED, 1_000_350, 350)
+    >>> j = JourneyEvent(None, JourneyKind.QUEUED, 2_000_334, 1_000_334, 1, "WAITING", 0, 1, 0, 1, 0)
+    >>> same_host(a, j, 200_000.0)
+    True
+    """
+    off_api = api_ev.wall_ns - api_ev.mono_ns
+    off_core = core_ev.wall_ns - core_ev.mono_ns
+    return abs(off_api - off_core) <= tolerance_ns
+
+
+def infer_streaming(entry: RequestEntry, core: CoreState) -> bool | None:
+    """Streaming chat sends its first response right after the first token; a
+    non-streaming one only after FINISHED (FINAL_ONLY outputs). Undecidable when the
+    first token is also the last, or without FIRST_RESPONSE (completions)."""
+    fr = entry.api_events.get(ApiKind.FIRST_RESPONSE_FROM_CORE)
+    fin = core.finished
+    if fr is None or fin is None or core.first_token is None:
+        return None
+    if fin.step == core.first_token.step:
+        return None
+    return fr.mono_ns < fin.mono_ns
+
+
+def _us(a: int, b: int) -> float:
+    return (b - a) / 1e3
+
+
+def build_observation(
+    entry: RequestEntry,
+    core: CoreState,
+    engine_source: Source,
+    queue_state: QueueState | None,
+    tolerance_ns: float,
+) -> tuple[RequestObservation | None, str]:
+    """The RequestObservation of one core span, or a rejection reason."""
+    if entry.api is None:
+        return None, "no_api_span"
+    if core.span is None:
+        return None, "no_core_span"
+    arrived = entry.api_events.get(ApiKind.ARRIVED)
+    q = core.queued
+    if arrived is None:
+        return None, "no_arrived"
+    if q is None:
+        return None, "no_queued"
+    if not same_host(arrived, q, tolerance_ns):
+        return None, "different_hosts"
+    ev = entry.api_events
+    fin = core.finished
+    ft = core.first_token
+    streaming = infer_streaming(entry, core)
+    route = entry.api.route
+    fr = ev.get(ApiKind.FIRST_RESPONSE_FROM_CORE)
+    dep = ev.get(ApiKind.DEPARTED)
+    ft_to_resp = (
+        _us(ft.mono_ns, fr.mono_ns) if streaming and ft is not None and fr is not None else None
+    )
+    last = fin or ft or core.scheduled_first or q
+    obs = RequestObservation(
+        source=engine_source,
+        request_id=core.span.request_id,
+        arrival_to_queued_us=_us(arrived.mono_ns, q.mono_ns),
+        queue_wait_us=(
+            _us(q.mono_ns, core.scheduled_first.mono_ns)
+            if core.scheduled_first is not None
+            else None
+        ),
+        first_token_to_response_us=ft_to_resp,
+        finished_to_departed_us=(
+            _us(fin.mono_ns, dep.mono_ns) if fin is not None and dep is not None else None
+        ),
+        ttft_us=_us(arrived.mono_ns, ft.mono_ns) if ft is not None else None,
+        e2e_us=_us(arrived.mono_ns, dep.mono_ns) if dep is not None else None,
+        prompt_tokens=q.prefill_total_tokens,
+        output_tokens=(
+            last.decode_done_tokens
+            if fin is not None or entry.api.completion_tokens is None
+            else entry.api.completion_tokens
+        ),
+        num_preemptions=core.max_preemptions,
+        finish_status=fin.finish_status if fin is not None else None,
+        route=route,
+        streaming=streaming,
+        queue_state=queue_state,
+        api_source=entry.api.span.source,
+    )
+    return obs, ""

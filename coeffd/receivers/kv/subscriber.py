@@ -1,0 +1,567 @@
+"""ZMQ SUB receiver for vLLM's KV-event stream (spec ``vllm-telemetry.md`` §5.1-§5.2).
+
+One ``KVSubscriber`` = one SUB socket in one background thread. It either *connects* to
+an engine's PUB endpoint (vLLM binds ``tcp://*:5557`` by default; DP rank r binds port
++ r, so use one subscriber per rank) or *binds* an endpoint that engines connect to
+(fan-in). Each message is decoded, its sequence checked per ``(endpoint, dp_rank)``, and
+the records are handed to ``offer(records) -> bool``, the pipeline's non-blocking
+enqueue; ``False`` means the pipeline is full and the records are counted as dropped.
+PUB/SUB has no back-pressure, so dropping (and counting) is the only honest option.
+
+Sequence numbers (``SequenceTracker``): the publisher numbers batches 0, 1, 2, ... per
+process. A jump forward is a gap (PUB dropped above its HWM, or we were slow); a number
+at or below the last seen is either a replayed batch (same or older ``ts``: dropped as a
+duplicate, so the joiner never sees a batch twice) or an engine restart (newer ``ts``:
+the tracker restarts from it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import structlog
+import zmq
+from prometheus_client import CollectorRegistry
+from prometheus_client import Counter as PromCounter
+from zmq.utils.monitor import recv_monitor_message
+
+from coeffd.receivers.kv.decode import KVDecodeError, batch_records, parse_message
+from coeffd.records.events import AttrValue, KVRecord, Source
+
+log = structlog.get_logger(__name__)
+
+RECEIVER = "kv"
+_END_OF_REPLAY = b"\xff" * 8  # seq -1 (signed) ends a replay reply
+#: Rejection reason of a message whose handling raised (a bug, counted, not fatal).
+INTERNAL_ERROR = "internal_error"
+Offer = Callable[[list[KVRecord]], bool]
+
+
+def source_from_attributes(attributes: Mapping[str, AttrValue]) -> Source:
+    """A ``Source`` whose id is computed like ``receivers.otlp.decode.source_for_resource``.
+
+    So a KV stream described with the same resource attributes as the engine's OTLP
+    exporter gets the same source id, which is what lets the joiner pair them.
+    """
+    attrs = tuple(sorted(attributes.items()))
+    digest = hashlib.blake2b(
+        json.dumps(attrs, separators=(",", ":")).encode(), digest_size=6
+    ).hexdigest()
+    return Source(id=digest, attributes=attrs)
+
+
+#: Connection outcomes of a connecting SUB (refused attempts are retried, not fatal).
+_CONNECT_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED
+
+
+class KVMetrics:
+    """KV receiver metrics (CONTRIBUTING "Metric names").
+
+    ``events_rejected``/``events_received`` are shared families: pass the app's existing
+    counters (e.g. ``daemon.metrics.ReceiverMetrics``) so nothing is registered twice on
+    one registry; they are created here only when absent.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        events_rejected: PromCounter | None = None,
+        events_received: PromCounter | None = None,
+        events_sampled_out: PromCounter | None = None,
+    ) -> None:
+        #: ``coeffd_events_sampled_out_total`` (engine sampling), when the app has it.
+        self.sampled_out = events_sampled_out
+        self.batches = PromCounter(
+            "coeffd_kv_batches_total",
+            "KV-event batches (ZMQ messages) accepted, by source.",
+            ["source"],
+            registry=registry,
+        )
+        self.gaps = PromCounter(
+            "coeffd_kv_sequence_gaps_total",
+            "KV-event batches missing from the sequence (publisher drops), by source.",
+            ["source"],
+            registry=registry,
+        )
+        self.jumps = PromCounter(
+            "coeffd_kv_sequence_jumps_total",
+            "KV-event sequence numbers that jumped ahead by more than any real gap "
+            "(forged or corrupt; taken as the new baseline, not counted as gaps), by source.",
+            ["source"],
+            registry=registry,
+        )
+        self.rejected = events_rejected or PromCounter(
+            "coeffd_events_rejected_total",
+            "Spans/events rejected as malformed, by receiver and reason.",
+            ["receiver", "reason"],
+            registry=registry,
+        )
+        self.received = events_received or PromCounter(
+            "coeffd_events_received_total",
+            "Records accepted into the pipeline, by receiver and kind.",
+            ["receiver", "kind"],
+            registry=registry,
+        )
+
+
+class SequenceTracker:
+    """Gap / duplicate / restart / recovery detection per stream key (``(endpoint, dp_rank)``).
+
+    Sequence numbers skipped by a gap are remembered (the newest ``max_missing`` per key)
+    so that a batch re-sent by the publisher's replay socket is recognised as
+    ``recovered`` (accepted) rather than as a duplicate.
+
+    Everything here is bounded, because keys and numbers come from the network: missing
+    numbers are kept as at most ``max_ranges`` ``[start, end)`` ranges per key (not one
+    int each), at most ``max_keys`` streams are tracked (the least recently seen is
+    forgotten), and a forward jump of more than ``max_gap`` batches is a ``jump`` (a
+    forged or corrupted number, or a publisher reset we cannot tell apart), counted apart
+    from gaps and taken as the new baseline, with nothing remembered as missing.
+
+    >>> t = SequenceTracker(max_keys=2, max_gap=100)
+    >>> t.observe("a", 1, 1.0), t.observe("a", 5, 2.0), t.observe("a", 3, 1.5)
+    (('first', 0), ('gap', 3), ('recovered', 0))
+    >>> t.observe("a", 2**64 - 1, 3.0), t.observe("a", 2**64 - 1, 3.0)
+    (('jump', 0), ('duplicate', 0))
+    >>> t.observe("b", 0, 1.0), t.observe("c", 0, 1.0), len(t), t.evicted
+    (('first', 0), ('first', 0), 2, 1)
+    """
+
+    OK = "ok"
+    FIRST = "first"
+    GAP = "gap"
+    DUPLICATE = "duplicate"
+    RESTART = "restart"
+    RECOVERED = "recovered"
+    JUMP = "jump"
+
+    def __init__(
+        self,
+        max_missing: int = 10_000,
+        *,
+        max_keys: int = 1024,
+        max_gap: int = 1_000_000,
+        max_ranges: int = 64,
+    ) -> None:
+        self._last: dict[Any, tuple[int, float]] = {}
+        self._missing: dict[Any, list[list[int]]] = {}
+        self.max_missing = max_missing
+        self.max_keys = max_keys
+        self.max_gap = max_gap
+        self.max_ranges = max_ranges
+        #: Streams forgotten to stay within ``max_keys``.
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    def last_seq(self, key: Any) -> int | None:
+        """The highest sequence seen on ``key`` (None before the first batch)."""
+        last = self._last.get(key)
+        return None if last is None else last[0]
+
+    def _set(self, key: Any, seq: int, ts: float) -> None:
+        # Re-inserted so that dict order is least recently seen first (eviction order).
+        self._last.pop(key, None)
+        self._last[key] = (seq, ts)
+
+    def observe(self, key: Any, seq: int, ts: float) -> tuple[str, int]:
+        """Classify a batch; returns ``(outcome, missing)`` (missing > 0 only for ``gap``)."""
+        last = self._last.get(key)
+        if last is None:
+            if len(self._last) >= self.max_keys:
+                oldest = next(iter(self._last))
+                del self._last[oldest]
+                self._missing.pop(oldest, None)
+                self.evicted += 1
+            self._last[key] = (seq, ts)
+            return self.FIRST, 0
+        last_seq, last_ts = last
+        if seq == last_seq + 1:
+            self._set(key, seq, ts)
+            return self.OK, 0
+        if seq > last_seq:
+            self._set(key, seq, ts)
+            gap = seq - last_seq - 1
+            if gap > self.max_gap:
+                self._missing.pop(key, None)
+                return self.JUMP, 0
+            self._remember(key, max(last_seq + 1, seq - self.max_missing), seq)
+            return self.GAP, gap
+        if self._recover(key, seq):
+            return self.RECOVERED, 0
+        if ts > last_ts:
+            # Lower sequence but newer data: the engine restarted (its counter restarts at 0).
+            self._set(key, seq, ts)
+            self._missing.pop(key, None)
+            return self.RESTART, 0
+        return self.DUPLICATE, 0
+
+    def _remember(self, key: Any, start: int, end: int) -> None:
+        ranges = self._missing.setdefault(key, [])
+        ranges.append([start, end])  # gaps arrive in increasing order: the list stays sorted
+        total = sum(e - s for s, e in ranges)
+        # Keep the newest: replay buffers keep those.
+        while ranges and (total > self.max_missing or len(ranges) > self.max_ranges):
+            s, e = ranges[0]
+            cut = min(e - s, total - self.max_missing) if total > self.max_missing else e - s
+            total -= cut
+            if cut == e - s:
+                ranges.pop(0)
+            else:
+                ranges[0][0] = s + cut
+
+    def _recover(self, key: Any, seq: int) -> bool:
+        ranges = self._missing.get(key)
+        if not ranges:
+            return False
+        for i, (s, e) in enumerate(ranges):
+            if s <= seq < e:
+                pieces = [r for r in ([s, seq], [seq + 1, e]) if r[1] > r[0]]
+                ranges[i : i + 1] = pieces
+                return True
+        return False
+
+
+class KVSubscriber:
+    """Background SUB socket feeding decoded KV records to ``offer``.
+
+    ``endpoint``: e.g. ``tcp://vllm:5557`` (connect) or, with ``bind=True``,
+    ``tcp://*:5557``. ``topic``: subscription prefix (``""`` = all). ``source``: identity
+    of the stream's engine (default: derived from the endpoint). ``metrics`` or
+    ``registry``: where to count (one of them, or neither for an uncounted subscriber).
+    ``replay_endpoint``: the publisher's ROUTER replay socket (e.g. ``tcp://vllm:5558``);
+    on a sequence gap the subscriber asks it (DEALER, §5.1) for the batches from the first
+    missing one and accepts those it lacks; one request is in flight at a time.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        topic: str,
+        offer: Offer,
+        *,
+        bind: bool = False,
+        source: Source | None = None,
+        metrics: KVMetrics | None = None,
+        registry: CollectorRegistry | None = None,
+        context: zmq.Context[Any] | None = None,
+        rcvhwm: int = 100_000,
+        poll_ms: int = 100,
+        replay_endpoint: str | None = None,
+        topic_sources: bool = False,
+        count_received: bool = True,
+        engine_filter: Callable[[str], bool] | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        # Fan-in (one bound SUB, many engines connecting): each engine publishes under its
+        # own topic, which names it; the topic then becomes the stream's identity
+        # (``coeffd.engine=<topic>``, which the joiner links to that engine's spans) and
+        # part of the sequence key, since every engine numbers its batches from 0.
+        self.topic_sources = topic_sources
+        # Engine sampling (daemon.sampling): with topic sources, the batches of engines
+        # whose spans are skipped are counted (``sampled_out``) and not turned into records.
+        self.engine_filter = engine_filter if topic_sources else None
+        # False when ``offer`` is the daemon pipeline, which counts accepted records itself.
+        self.count_received = count_received
+        self._topic_source: dict[str, Source] = {}
+        self.topic = topic
+        self.bind = bind
+        self.source = source or source_from_attributes({"kv.endpoint": endpoint})
+        self._offer = offer
+        self.metrics = metrics or (KVMetrics(registry) if registry is not None else None)
+        self._ctx = context or zmq.Context.instance()
+        self._rcvhwm = rcvhwm
+        self._poll_ms = poll_ms
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.tracker = SequenceTracker()
+        self.counts: Counter[str] = Counter()  # plain totals, also without a registry
+        self.bound_endpoint: str | None = None
+        self.replay_endpoint = replay_endpoint
+        self._dealer: zmq.Socket[Any] | None = None
+        self._replay_in_flight = False
+        self._replay_topic = topic
+        #: Connecting subscribers: whether the publisher is connected now (readiness and
+        #: ``coeffd_kv_connected``: ZMQ retries in the background, so an unreachable
+        #: endpoint raised nothing). None when binding.
+        self.connected: bool | None = None if bind else False
+        #: Connection attempts that failed or were lost since start (connecting only).
+        self.connect_failures = 0
+
+    # -- lifecycle
+
+    def start(self) -> KVSubscriber:
+        """Open the socket in the worker thread; returns once it is connected/bound."""
+        if self._thread is not None:
+            raise RuntimeError("already started")
+        self._thread = threading.Thread(
+            target=self._run, name=f"kv-sub {self.endpoint}", daemon=True
+        )
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self
+
+    @property
+    def alive(self) -> bool:
+        """Whether the worker thread runs (False before start and after it died)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def restart(self) -> None:
+        """Open a new socket in a new thread after the old thread died (supervision)."""
+        if self.alive or self._stop.is_set():
+            return
+        self._thread = None
+        self._ready.clear()
+        self._error = None
+        self.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the worker and close the socket."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def __enter__(self) -> KVSubscriber:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- worker
+
+    def _run(self) -> None:
+        try:
+            sock = self._ctx.socket(zmq.SUB)
+            sock.setsockopt(zmq.RCVHWM, self._rcvhwm)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
+            monitor = None
+            if self.bind:
+                sock.bind(self.endpoint)
+                self.bound_endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            else:
+                # Watch whether anything accepts (before connecting, to see the first
+                # outcome): a SUB and a PUB that both connect never meet, and ZMQ retries
+                # silently forever (issue 19): say so once.
+                monitor = sock.get_monitor_socket(_CONNECT_EVENTS)
+                sock.connect(self.endpoint)
+            if self.replay_endpoint:
+                self._dealer = self._ctx.socket(zmq.DEALER)
+                self._dealer.setsockopt(zmq.LINGER, 0)
+                self._dealer.connect(self.replay_endpoint)
+        except zmq.ZMQError as exc:
+            log.error("kv subscriber failed to open", endpoint=self.endpoint, error=str(exc))
+            self._error = exc
+            self._ready.set()
+            return
+        log.info(
+            "kv subscriber started", endpoint=self.bound_endpoint or self.endpoint, bind=self.bind
+        )
+        self._ready.set()
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        if self._dealer is not None:
+            poller.register(self._dealer, zmq.POLLIN)
+        if monitor is not None:
+            poller.register(monitor, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                events = dict(poller.poll(self._poll_ms))
+                if not events:
+                    continue
+                if monitor is not None and monitor in events:
+                    self._connection_events(monitor)
+                while True:  # drain what is queued before polling again
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self.handle(frames)
+                if self._dealer is not None:
+                    self._drain_replay(self._dealer)
+        finally:
+            if monitor is not None:
+                sock.disable_monitor()
+                monitor.close(linger=0)
+                self.connected = False
+            sock.close(linger=0)
+            if self._dealer is not None:
+                self._dealer.close(linger=0)
+            log.info("kv subscriber stopped", endpoint=self.endpoint, **dict(self.counts))
+
+    def _connection_events(self, monitor: zmq.Socket[Any]) -> None:
+        """Count connection attempts; warn once when nothing accepts at the endpoint."""
+        while True:
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)["event"]
+            except zmq.Again:
+                return
+            if event == zmq.EVENT_CONNECTED:
+                self.connected = True
+                self.counts["connected"] += 1
+                log.info("kv subscriber connected", endpoint=self.endpoint)
+            elif event == zmq.EVENT_DISCONNECTED:
+                self.connected = False
+                self.connect_failures += 1
+                log.warning("kv publisher disconnected; retrying", endpoint=self.endpoint)
+            elif event == zmq.EVENT_CONNECT_RETRIED:
+                self.connected = False
+                self.connect_failures += 1
+                self.counts["connect_retries"] += 1
+                if self.counts["connect_retries"] == 1 and not self.counts["connected"]:
+                    log.warning(
+                        "kv subscriber: nothing accepts connections at the endpoint; no KV "
+                        "events until a publisher binds it (vLLM binds tcp://*:5557 and coeffd "
+                        "connects; if the engines connect to coeffd instead, set kv.bind=true)",
+                        endpoint=self.endpoint,
+                    )
+
+    def _request_replay(self, start_seq: int, topic: str) -> None:
+        if self._dealer is None or self._replay_in_flight:
+            return
+        # Replay replies carry no topic: they belong to the stream whose gap asked for them.
+        self._replay_topic = topic
+        try:
+            self._dealer.send_multipart([b"", start_seq.to_bytes(8, "big")], zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        self._replay_in_flight = True
+        self.counts["replay_requests"] += 1
+
+    def _drain_replay(self, dealer: zmq.Socket[Any]) -> None:
+        """Replies are ``["", seq(8 B), payload]`` per batch, then ``["", 2**64-1, ""]``."""
+        while True:
+            try:
+                frames = dealer.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) != 3 or len(frames[1]) != 8:
+                self._reject("bad_replay")
+                continue
+            if frames[1] == _END_OF_REPLAY:
+                self._replay_in_flight = False
+                continue
+            self.handle([self._replay_topic.encode(), frames[1], frames[2]], replayed=True)
+
+    def _reject(self, reason: str, n: int = 1) -> None:
+        self.counts[reason] += n
+        if self.metrics is not None:
+            self.metrics.rejected.labels(RECEIVER, reason).inc(n)
+
+    def _source_for(self, topic: str) -> Source:
+        if not self.topic_sources or not topic:
+            return self.source
+        src = self._topic_source.get(topic)
+        if src is None:
+            if len(self._topic_source) >= 4096:  # bound: topics come from the network
+                return self.source
+            src = self._topic_source[topic] = source_from_attributes({"coeffd.engine": topic})
+        return src
+
+    def handle(self, frames: Sequence[bytes], *, replayed: bool = False) -> None:
+        """Process one multipart message (public for tests and in-process feeding).
+
+        ``replayed``: it came from the replay socket, where batches we already have are
+        expected and skipped without counting them as rejected duplicates.
+
+        Never raises: anyone who reaches the socket is a sender, and one message must not
+        end the stream. What the decoder does not foresee is counted as ``internal_error``
+        and logged once with its traceback.
+        """
+        try:
+            self._handle(frames, replayed)
+        except Exception as exc:
+            if self.counts[INTERNAL_ERROR] == 0:
+                log.error(
+                    "kv message failed; skipped",
+                    endpoint=self.endpoint,
+                    error=repr(exc),
+                    exc_info=True,
+                )
+            self._reject(INTERNAL_ERROR)
+
+    def _handle(self, frames: Sequence[bytes], replayed: bool) -> None:
+        event_counts: Counter[str] = Counter()
+        try:
+            msg = parse_message(frames, event_counts)
+        except KVDecodeError as exc:
+            if self.counts[exc.reason] == 0:  # log once per reason, count always
+                log.warning(
+                    "kv message rejected",
+                    reason=exc.reason,
+                    detail=str(exc),
+                    endpoint=self.endpoint,
+                )
+            self._reject(exc.reason)
+            return
+        for reason, n in event_counts.items():
+            self._reject(reason, n)
+        source = self._source_for(msg.topic)
+        key = (self.endpoint, msg.topic, msg.batch.dp_rank)
+        previous = self.tracker.last_seq(key)
+        outcome, missing = self.tracker.observe(key, msg.seq, msg.batch.ts)
+        if outcome == SequenceTracker.DUPLICATE:
+            if replayed:
+                self.counts["replay_skipped"] += 1
+            else:
+                self._reject("duplicate")
+            return
+        if outcome == SequenceTracker.RECOVERED:
+            self.counts["recovered"] += 1
+        elif outcome == SequenceTracker.GAP:
+            self.counts["gap_batches"] += missing
+            if self.metrics is not None:
+                self.metrics.gaps.labels(source.id).inc(missing)
+            if previous is not None:
+                self._request_replay(previous + 1, msg.topic)
+        elif outcome == SequenceTracker.JUMP:
+            self.counts["sequence_jumps"] += 1
+            if self.metrics is not None:
+                self.metrics.jumps.labels(source.id).inc()
+            if self.counts["sequence_jumps"] == 1:
+                log.warning(
+                    "kv sequence number jumped too far to be a gap; taken as the new baseline",
+                    endpoint=self.endpoint,
+                    dp_rank=msg.batch.dp_rank,
+                    previous=previous,
+                    seq=msg.seq,
+                )
+        elif outcome == SequenceTracker.RESTART:
+            self.counts["restarts"] += 1
+            log.info(
+                "kv publisher restarted",
+                endpoint=self.endpoint,
+                dp_rank=msg.batch.dp_rank,
+                seq=msg.seq,
+            )
+        self.counts["batches"] += 1
+        if self.metrics is not None:
+            self.metrics.batches.labels(source.id).inc()
+        if self.engine_filter is not None and not self.engine_filter(msg.topic):
+            n = len(msg.batch.events)
+            self.counts["sampled_out"] += n
+            if self.metrics is not None and self.metrics.sampled_out is not None:
+                self.metrics.sampled_out.labels(RECEIVER).inc(n)
+            return
+        records = batch_records(msg.batch, source, msg.topic, msg.seq)
+        if not records:
+            return
+        if not self._offer(records):
+            self._reject("queue_full", len(records))
+            return
+        self.counts["records"] += len(records)
+        if self.metrics is not None and self.count_received:
+            kinds = Counter(type(r).__name__ for r in records)
+            for kind, n in kinds.items():
+                self.metrics.received.labels(RECEIVER, kind).inc(n)

@@ -1,8 +1,0 @@
-"""``python -m daemon`` = the ``coeffd`` command."""
-
-import sys
-
-from daemon.cli import main
-
-if __name__ == "__main__":  # guarded: doctest collection imports this module
-    sys.exit(main())
