@@ -21,7 +21,8 @@ shutdown; single-threaded):
   falling before ``S(N)`` (sync) or after ``E(N)`` (async).
   Composition: snapshots of every running request (exact), else the journeys of the
   requests running in that step (accepted only if they reproduce the summary totals),
-  else the summary aggregates.
+  else the summary aggregates. The ``S(n)`` estimates and the loop mode live in
+  :mod:`.starts`; the loop wait of request observations in :mod:`.loopwait`.
 * **Requests** (:mod:`.requests`): ``llm_core`` ↔ ``llm_request`` by trace id and parent
   span id; API and EngineCore mono clocks are compared only after equal wall−mono offsets
   prove one host (else rejected ``different_hosts``). Queue state = nearest summary to the

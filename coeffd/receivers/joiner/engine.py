@@ -1,4 +1,4 @@
-"""Per-EngineCore join state: sampled steps, journey anchors, period reconstruction.
+"""Per-EngineCore join state: the window's indexes and what becomes of each step.
 
 Everything here is keyed by step id *of one engine* (one ``Source.id``): step ids
 collide across engines and restart with the engine, so nothing is ever keyed globally.
@@ -6,17 +6,10 @@ All times compared here are that engine's ``CLOCK_MONOTONIC`` (``step.ts_*_ns`` 
 journey ``ts.monotonic_ns``), except the window bookkeeping, which uses the engine's own
 wall clock (event ``timeUnixNano``) as its watermark.
 
-Period target (spec §2.5 step 5): the busy-loop time attributable to batch ``N`` is
-``S(N+1) - S(N)`` with sync scheduling and ``S(N+2) - S(N+1)`` with async scheduling
-(the GPU runs batch N while the CPU schedules N+1), i.e. ``S(m+1) - S(m)`` with
-``m = N + a``. Each ``S(n)`` comes from a summary (exact) or from anchors:
-
-* ``SCHEDULED(n)``: inside ``schedule(n)``, so ``S(n) ∈ [t - sched, t]``;
-* ``QUEUED(n-1)`` and aborted ``FINISHED(n-1)``: input drain right before ``S(n)``;
-* ``FIRST_TOKEN``/``FINISHED(n-1-a)``: output processing right before ``S(n)``.
-
-The offset of each anchor type is bounded by priors until the engine has shown enough
-steps that carry both a summary and an anchor; then by the observed range plus a margin.
+:class:`EngineState` owns the indexes (summaries, snapshots, journey anchors, request
+lives, coverage), the window (deadlines, expiry, caps) and turning a due step into an
+observation. How a step start ``S(n)`` is estimated from those indexes lives in
+:mod:`.starts`; the loop wait of request observations in :mod:`.loopwait`.
 """
 
 from __future__ import annotations
@@ -24,9 +17,8 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
-import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import structlog
 
@@ -34,28 +26,23 @@ from coeffd.receivers.joiner import intervals as iv
 from coeffd.receivers.joiner import pinned
 from coeffd.receivers.joiner.composition import Life, aggregates_of, from_lives, from_snapshots
 from coeffd.receivers.joiner.config import JoinerConfig
-from coeffd.records.events import BatchSummary, JourneyEvent, JourneyKind, RequestSnapshot, Source
+from coeffd.receivers.joiner.loopwait import LoopWait, LoopWaitQueue, loop_wait
+from coeffd.receivers.joiner.starts import BUCKET_BITS, COMPL, Anchors, StepStarts, anchor_type
+from coeffd.records.events import BatchSummary, JourneyEvent, RequestSnapshot, Source
 from coeffd.records.observations import (
     BatchRequest,
     Composition,
     KVTransferObservation,
     PeriodMethod,
     QueueState,
-    RequestObservation,
     StepAggregates,
     StepObservation,
 )
 
 log = structlog.get_logger(__name__)
 
-SCHED, QUEUED, COMPL = 0, 1, 2
-_CAL_KEEP = 512  # calibration deltas kept per anchor type (a rolling sample)
 _PURGE_STRIDE = 512  # steps between purges of expired step-indexed state
 _SIGHTING_BUCKET_NS = 50_000_000  # timeline granularity (see EngineState._first_sighting)
-_BUCKET_BITS = 6  # request lives are indexed by 64-step buckets
-# how far a loop wait's schedule start may be interpolated from its pins: decode steps of a
-# quiet engine change by a few context tokens each, so even 256 of them space evenly
-_INTERPOLATE_STEPS = 256
 
 
 @dataclass(slots=True)
@@ -67,65 +54,9 @@ class StepResult:
     reason: str = ""
 
 
-@dataclass(slots=True)
-class _Calibration:
-    deltas: list[deque[float]] = field(
-        default_factory=lambda: [deque(maxlen=_CAL_KEEP) for _ in range(3)]
-    )
-    seen: set[tuple[int, int]] = field(default_factory=set)  # (type, step) already added
-    added: list[int] = field(default_factory=lambda: [0, 0, 0])  # deltas ever added
-    # (added count, mean, variance) per type, recomputed when ``added`` moved on
-    stats: list[tuple[int, float, float]] = field(default_factory=lambda: [(0, 0.0, 0.0)] * 3)
-
-    # offsets of one anchor type measured against another type's calibrated mean on steps
-    # no summary pins (only a mean's fallback: their spread is the other type's too, so
-    # they never widen the bounds, which must contain the truth)
-    cross: list[deque[float]] = field(
-        default_factory=lambda: [deque(maxlen=_CAL_KEEP) for _ in range(3)]
-    )
-    cross_added: list[int] = field(default_factory=lambda: [0, 0, 0])
-    cross_stats: list[tuple[int, float, float]] = field(default_factory=lambda: [(0, 0.0, 0.0)] * 3)
-
-    def mean_var(self, typ: int, min_samples: int) -> tuple[float, float] | None:
-        """Mean and variance of the observed ``S(n) - t`` of one anchor type (ns): from
-        summaries, else (with 4× the samples) from the cross-calibration."""
-        d = self.deltas[typ]
-        if len(d) < min_samples:
-            if len(self.cross[typ]) < 4 * min_samples:
-                return None
-            return _mean_var(self.cross[typ], self.cross_added[typ], self.cross_stats, typ)
-        return _mean_var(d, self.added[typ], self.stats, typ)
-
-    def is_exact(self, typ: int, min_samples: int) -> bool:
-        """True when summaries calibrated this anchor type."""
-        return len(self.deltas[typ]) >= min_samples
-
-
-def _mean_var(
-    d: deque[float], added: int, cache: list[tuple[int, float, float]], typ: int
-) -> tuple[float, float]:
-    k, mean, var = cache[typ]
-    if k != added:
-        # fsum: exactly rounded whatever the order the deltas arrived in (live = replay)
-        mean = math.fsum(d) / len(d)
-        var = math.fsum((x - mean) ** 2 for x in d) / len(d)
-        cache[typ] = (added, mean, var)
-    return mean, var
-
-
 def _life_order(life: Life) -> tuple[int, int, int, int, int, bool]:
     ft = life.first_token if life.first_token is not None else -1
     return (life.first, life.last, life.input_len, life.output_len, ft, life.preempted)
-
-
-@dataclass(slots=True)
-class LoopWait:
-    """A request observation waiting for the data that explains its QUEUED wait."""
-
-    deadline_wall: int
-    obs: RequestObservation
-    queued_mono_ns: int
-    queued_step: int
 
 
 def parse_async_attr(value: object) -> bool | None:
@@ -156,15 +87,14 @@ class EngineState:
         self.window_ns = int(config.window_s * 1e9)
         self.watermark = 0  # max wall ns of this engine's records
         forced = config.async_scheduling
-        self.async_mode: bool | None = (
+        async_mode = (
             forced
             if forced is not None
             else parse_async_attr(source.get("coeffd.async_scheduling"))
         )
         self.async_source = (
-            "config" if forced is not None else ("resource" if self.async_mode is not None else "")
+            "config" if forced is not None else ("resource" if async_mode is not None else "")
         )
-        self.votes = [0, 0]  # sync, async
         self.summaries: dict[int, BatchSummary] = {}
         self.summary_steps: list[int] = []  # sorted
         # (deadline wall ns, step) of steps to finalize: summaries mostly arrive in wall
@@ -177,13 +107,7 @@ class EngineState:
         # Anchor times per step as tuples, not lists: a tuple of ints leaves the cyclic
         # GC's tracking, and a loaded daemon holds hundreds of thousands of them (as lists
         # they made every full collection a ~0.3 s pause).
-        self.anchors: tuple[
-            dict[int, tuple[int, ...]], dict[int, tuple[int, ...]], dict[int, tuple[int, ...]]
-        ] = (
-            {},
-            {},
-            {},
-        )
+        self.anchors: Anchors = ({}, {}, {})
         # (bucket end wall ns, highest step) of first sightings, in 50 ms buckets
         self.timeline: deque[tuple[int, int]] = deque()
         # the newest bucket, kept out of the deque until a sighting falls outside it
@@ -191,13 +115,11 @@ class EngineState:
         self._tail_step = 0  # its highest step
         self.horizon = 0  # steps below are gone
         self.coverage: list[list[int]] = []  # merged [start, end] of complete step spans
-        self.cal = _Calibration()
         self.max_step = 0
         self.recent_periods: deque[float] = deque(maxlen=64)
-        self.max_duration_ns = 0
         self.n_anchors = 0
         self._purged_to = 0
-        self.lives: dict[int, list[Life]] = {}
+        self.lives: dict[int, list[Life]] = {}  # by 64-step bucket (BUCKET_BITS)
         self.ambiguous = False
         self.max_start_ns = 0
         self.step_at_max_start = 0
@@ -209,9 +131,9 @@ class EngineState:
         self.shed_steps: set[int] = set()  # summaries shed: their batches stay unobserved
         self.prefix_cache_off = parse_async_attr(source.get("coeffd.prefix_caching")) is False
         self.touched = 0  # wall ns of the latest record of this engine, kept or not
-        self.loop_waits: deque[LoopWait] = deque()
-        self.loop_waits_late: list[tuple[int, int, LoopWait]] = []
-        self._lw_seq = 0
+        self.loop_waits = LoopWaitQueue()
+        # S(n) estimates and the loop mode, read off the indexes above
+        self.starts = StepStarts(self.summaries, self.anchors, self.lives, config, async_mode)
 
     # ------------------------------------------------------------------ ingest
 
@@ -271,8 +193,9 @@ class EngineState:
             self.max_start_ns = s.start_mono_ns
             self.step_at_max_start = n
         d = s.end_mono_ns - s.start_mono_ns
-        if d > self.max_duration_ns:
-            self.max_duration_ns = d
+        st = self.starts
+        if d > st.max_duration_ns:
+            st.max_duration_ns = d
         steps = self.summary_steps
         if not steps or steps[-1] < n:
             steps.append(n)
@@ -303,21 +226,8 @@ class EngineState:
         """Index a journey event as an anchor of the step start it pins."""
         if ev.wall_ns > self.touched:
             self.touched = ev.wall_ns
-        kind = ev.kind
-        if kind is JourneyKind.SCHEDULED:
-            typ = SCHED
-        elif kind is JourneyKind.PREEMPTED:
-            # inside schedule(n) like SCHEDULED (a prefix-cache reset outside schedule()
-            # is rare; a wrong anchor there makes the intersection empty, so it is rejected)
-            typ = SCHED
-        elif kind is JourneyKind.QUEUED:
-            typ = QUEUED
-        elif kind is JourneyKind.FINISHED:
-            # aborts are processed from the input queue (current counter), like QUEUED
-            typ = QUEUED if ev.finish_status == "aborted" else COMPL
-        elif kind is JourneyKind.FIRST_TOKEN:
-            typ = COMPL
-        else:
+        typ = anchor_type(ev)
+        if typ is None:
             return
         if ev.step < self.horizon:
             return
@@ -352,100 +262,17 @@ class EngineState:
     # ------------------------------------------------------------ loop wait
 
     def loop_wait(self, queued_mono_ns: int, queued_step: int) -> tuple[float | None, str]:
-        """Expected time a request waited for the loop boundary at which it got QUEUED (ns),
-        and how that was decided (``busy``, ``idle`` or why it is unknown).
-
-        vLLM drains its input queue only between busy-loop iterations (spec pitfall 9),
-        so arrival→QUEUED = API overhead (BLIS's α0) + this wait, which BLIS simulates
-        itself. A request QUEUED at step ``q`` was delivered during the iteration between
-        the drains before ``S(q)`` and ``S(q+1)``; deliveries do not depend on the loop,
-        so given that iteration its delivery is uniform within it and the expected wait
-        is half the time from the previous drain to its QUEUED. That needs no step
-        summary: the previous drain is ``S(q)`` (pinned by any journey anchor of step
-        ``q``) less the calibrated QUEUED offset. The iteration is a busy one when another
-        request scheduled by step ``q`` was still running at ``q + 1`` (the loop had work
-        and never blocked); with no request at step ``q`` the loop was blocked on its
-        input and woke for this one (wait 0); a loop running its last requests out may
-        have blocked part-way, which is left unknown (``draining``).
-
-        Called once the engine's data clock is a window past the QUEUED, so the answer
-        depends on the data, not on when it arrived (live = replay).
-        """
-        q = queued_step
-        if q <= 0:
-            return 0.0, "idle"
-        lives = self.lives.get(q >> _BUCKET_BITS, ())
-        if not any(life.first <= q < life.last for life in lives):
-            if any(life.first <= q <= life.last for life in lives):
-                return None, "draining"
-            return 0.0, "idle"
-        mode = self.mode()
-        if mode is None:
-            return None, "mode_unknown"
-        p = self.point(q, 1 if mode else 0) or self._interpolate(q, 1 if mode else 0)
-        if p is None:
-            return None, "unpinned"
-        if p.half_ns > self.cfg.loop_wait_max_uncertainty_us * 1e3:
-            return None, "uncertain"
-        dq = self.cal.mean_var(QUEUED, self.cfg.min_calibration)
-        if dq is None:
-            return None, "uncalibrated"
-        span = queued_mono_ns - (p.t_ns - dq[0])
-        if span <= 0:
-            return None, "inconsistent_anchors"
-        return span / 2.0, "busy"
-
-    def _interpolate(self, n: int, a: int) -> pinned.Pin | None:
-        """``S(n)`` between the nearest pinned starts around it, when every step between
-        is a decode step of the known requests (consecutive decode steps of one batch
-        differ by a request or a few context tokens, so equal spacing is close, and its
-        errors have no sign). The half-width grows with the distance to the pins."""
-        limit = _INTERPOLATE_STEPS
-        lo = next((p for m in range(n - 1, n - limit, -1) if (p := self.point(m, a))), None)
-        if lo is None:
-            return None
-        hi = next((p for m in range(n + 1, lo.step + limit) if (p := self.point(m, a))), None)
-        if hi is None or hi.t_ns <= lo.t_ns:
-            return None
-        for m in range(lo.step - a, hi.step - a):
-            for life in self.lives.get(m >> _BUCKET_BITS, ()):
-                if life.first <= m <= (life.first_token if life.first_token is not None else m):
-                    return None  # a prefill between: steps of unequal length
-        frac = (n - lo.step) / (hi.step - lo.step)
-        gap = hi.t_ns - lo.t_ns
-        half = lo.half_ns + frac * (hi.half_ns - lo.half_ns) + 0.02 * gap / (hi.step - lo.step)
-        return pinned.Pin(n, lo.t_ns + frac * gap, half)
+        """See :func:`.loopwait.loop_wait`."""
+        return loop_wait(self.starts, queued_mono_ns, queued_step)
 
     def defer_loop_wait(self, item: LoopWait) -> LoopWait | None:
         """Hold a request observation until its loop wait can be decided; returns the
-        oldest held one when over ``cap`` (to be emitted without it)."""
-        lw = self.loop_waits
-        if not lw or lw[-1].deadline_wall <= item.deadline_wall:
-            lw.append(item)
-        else:
-            self._lw_seq += 1
-            heapq.heappush(self.loop_waits_late, (item.deadline_wall, self._lw_seq, item))
-        if len(lw) + len(self.loop_waits_late) > self.cfg.max_requests:
-            return self._pop_loop_wait()
-        return None
-
-    def _pop_loop_wait(self) -> LoopWait:
-        late = self.loop_waits_late
-        if late and (not self.loop_waits or late[0][0] < self.loop_waits[0].deadline_wall):
-            return heapq.heappop(late)[2]
-        return self.loop_waits.popleft()
+        oldest held one when over ``max_requests`` (to be emitted without it)."""
+        return self.loop_waits.defer(item, self.cfg.max_requests)
 
     def due_loop_waits(self, now_wall: int | None) -> list[LoopWait]:
         """Held request observations whose window has passed (all of them if None)."""
-        out: list[LoopWait] = []
-        while self.loop_waits or self.loop_waits_late:
-            nxt = self.loop_waits[0].deadline_wall if self.loop_waits else None
-            if self.loop_waits_late and (nxt is None or self.loop_waits_late[0][0] < nxt):
-                nxt = self.loop_waits_late[0][0]
-            if now_wall is not None and nxt is not None and nxt > now_wall:
-                break
-            out.append(self._pop_loop_wait())
-        return out
+        return self.loop_waits.due(now_wall)
 
     # ------------------------------------------------------------ queue state
 
@@ -488,166 +315,21 @@ class EngineState:
         )
         return qs, final
 
-    # -------------------------------------------------------- period machinery
-
-    def _vote_async(self, n: int) -> None:
-        """Infer async scheduling from completions of step n-1 vs the summary of step n.
-
-        Sync: outputs of n-1 are processed before ``S(n)``; async: after ``E(n)``.
-        """
-        s = self.summaries.get(n)
-        if s is None:
-            return
-        for t in self.anchors[COMPL].get(n - 1, ()):
-            if t < s.start_mono_ns:
-                self.votes[0] += 1
-            elif t > s.end_mono_ns:
-                self.votes[1] += 1
+    # ----------------------------------------------------------------- steps
 
     def mode(self) -> bool | None:
-        if self.async_mode is not None:
-            return self.async_mode
-        sync, asy = self.votes
-        if sync == asy:
-            return None
-        return asy > sync
-
-    def _calibrate(self, n: int, a: int) -> None:
-        """Add offsets ``S(n) - t`` of anchors pinning a summarised step ``n``."""
-        s = self.summaries.get(n)
-        if s is None:
-            return
-        S = s.start_mono_ns
-        for typ, ts in self._pinning(n, a):
-            key = (typ, n)
-            if key in self.cal.seen:
-                continue
-            self.cal.seen.add(key)
-            dq = self.cal.deltas[typ]
-            for t in ts:
-                dq.append(float(S - t))
-            self.cal.added[typ] += len(ts)
-
-    def _bounds(self, typ: int) -> iv.Interval:
-        p = self.cfg.anchor_priors
-        prior = (
-            (p.scheduled_lo_us * 1e3, p.scheduled_hi_us * 1e3),
-            (p.queued_lo_us * 1e3, p.queued_hi_us * 1e3),
-            (p.completion_lo_us * 1e3, p.completion_hi_us * 1e3),
-        )[typ]
-        if typ == SCHED and self.max_duration_ns:
-            # SCHEDULED/PREEMPTED lie in [S(n), E(n)]: E - S is the scheduler CPU time, whose
-            # range every summary shows; bound by the largest seen (+25 % + 20 µs)
-            prior = (max(prior[0], -(1.25 * self.max_duration_ns + 20e3)), prior[1])
-        return iv.offset_bounds(
-            list(self.cal.deltas[typ]),
-            prior,
-            self.cfg.min_calibration,
-            self.cfg.calibration_margin_us * 1e3,
-            self.cfg.calibration_margin_fraction,
-        )
-
-    def _pinning(self, n: int, a: int) -> list[tuple[int, tuple[int, ...]]]:
-        """The anchors that pin ``S(n)``, by type: SCHEDULED/PREEMPTED(n), QUEUED(n-1),
-        FIRST_TOKEN/FINISHED(n-1-a)."""
-        an = self.anchors
-        return [
-            (typ, ts)
-            for typ, step in ((SCHED, n), (QUEUED, n - 1), (COMPL, n - 1 - a))
-            if (ts := an[typ].get(step))
-        ]
-
-    def _intersect(self, present: list[tuple[int, tuple[int, ...]]]) -> iv.Interval | None:
-        parts: list[iv.Interval] = []
-        for typ, ts in present:
-            parts.extend(iv.shifted(ts, self._bounds(typ)))
-        return iv.intersect(parts)
-
-    def pin(self, n: int, a: int) -> tuple[iv.Interval | None, frozenset[int] | None]:
-        """Interval of ``S(n)``; the anchor types used (None = exact from a summary)."""
-        s = self.summaries.get(n)
-        if s is not None:
-            t = float(s.start_mono_ns)
-            return (t, t), None
-        present = self._pinning(n, a)
-        return self._intersect(present), frozenset(typ for typ, _ in present)
+        """True for async scheduling, False for sync, None while unknown."""
+        return self.starts.mode()
 
     def _typical_period(self) -> float:
         """Median of the recent loop periods (ns)."""
         recent = self.recent_periods
         return sorted(recent)[len(recent) // 2]
 
-    def point(self, n: int, a: int) -> pinned.Pin | None:
-        """Point estimate of ``S(n)`` (exact from a summary, else the calibrated mean
-        offsets of its anchors, weighted by their spread) and the half-width of its
-        bounds; None when no calibrated anchor pins it or the anchors disagree.
-
-        Means rather than the middle of the bounds: an anchor's offset sits near one end
-        of its range (SCHEDULED just after ``S``), and a period is the difference of two
-        starts pinned by different anchor types, so midpoints would bias it.
-        """
-        s = self.summaries.get(n)
-        if s is not None:
-            return pinned.Pin(n, float(s.start_mono_ns), 0.0)
-        present = self._pinning(n, a)
-        if not present:
-            return None  # most steps: nothing pins them
-        bounds = self._intersect(present)
-        if bounds is None or bounds[0] > bounds[1]:
-            return None
-        est = self._weighted(present, bounds, exact_only=False)
-        if est is None:
-            return None
-        self._cross_calibrate(n, present, bounds)
-        return pinned.Pin(n, est, (bounds[1] - bounds[0]) / 2.0)
-
-    def _weighted(
-        self, present: list[tuple[int, tuple[int, ...]]], bounds: iv.Interval, exact_only: bool
-    ) -> float | None:
-        num: list[float] = []
-        den: list[float] = []
-        m = self.cfg.min_calibration
-        for typ, ts in present:
-            if exact_only and not self.cal.is_exact(typ, m):
-                continue
-            mv = self.cal.mean_var(typ, m)
-            if mv is None:
-                continue
-            w = 1.0 / (mv[1] + 1e6)  # + (1 µs)²: equal weights when spreads are nil
-            for t in ts:
-                num.append(w * (t + mv[0]))
-                den.append(w)
-        if not den:
-            return None
-        # fsum: anchors arrive in any order, the estimate must not depend on it
-        return min(max(math.fsum(num) / math.fsum(den), bounds[0]), bounds[1])
-
-    def _cross_calibrate(
-        self, n: int, present: list[tuple[int, tuple[int, ...]]], bounds: iv.Interval
-    ) -> None:
-        """Offsets of anchor types that summaries have not calibrated yet, measured on
-        this step against the types they have: at 1 % step sampling a quiet engine sees
-        a SCHEDULED or QUEUED anchor on a summarised step only every few minutes, while
-        completions of the same steps are common."""
-        m = self.cfg.min_calibration
-        todo = [(typ, ts) for typ, ts in present if not self.cal.is_exact(typ, m)]
-        if not todo or len(todo) == len(present):
-            return
-        ref = self._weighted(present, bounds, exact_only=True)
-        if ref is None:
-            return
-        for typ, ts in todo:
-            key = (typ + 3, n)
-            if key in self.cal.seen:
-                continue
-            self.cal.seen.add(key)
-            self.cal.cross[typ].extend(ref - t for t in ts)
-            self.cal.cross_added[typ] += len(ts)
-
     def lives_at(self, n: int) -> list[Life]:
         """Known lives of requests in the running queue at step ``n``."""
         return [
-            life for life in self.lives.get(n >> _BUCKET_BITS, ()) if life.first <= n <= life.last
+            life for life in self.lives.get(n >> BUCKET_BITS, ()) if life.first <= n <= life.last
         ]
 
     def mark_bracket(self, n: int) -> None:
@@ -686,7 +368,7 @@ class EngineState:
         lives = sorted(
             {
                 id(life): life
-                for bk in range(prev >> _BUCKET_BITS, (n >> _BUCKET_BITS) + 1)
+                for bk in range(prev >> BUCKET_BITS, (n >> BUCKET_BITS) + 1)
                 for life in self.lives.get(bk, ())
                 if life.first <= n and life.last >= prev
             }.values(),
@@ -706,7 +388,7 @@ class EngineState:
                     batches[b] = reqs if comp is not Composition.AGGREGATES else "aggregates"
             else:
                 batches[b] = pinned.batch_at(lives, b, self.prefix_cache_off)
-        pins = [p for m in range(prev + a, n + a + 2) if (p := self.point(m, a)) is not None]
+        pins = [p for m in range(prev + a, n + a + 2) if (p := self.starts.point(m, a)) is not None]
         spans, why = pinned.spans(pins, batches, a, self.cfg.max_span_steps)
         why.pop("summary", None)
         why.pop("shed", None)
@@ -779,8 +461,8 @@ class EngineState:
         """What finalizing step ``n`` always does, built or shed: mark it, vote on the
         loop mode."""
         self.finalized.add(n)
-        self._vote_async(n)
-        self._vote_async(n + 1)
+        self.starts.vote_async(n)
+        self.starts.vote_async(n + 1)
 
     def shed(self, n: int) -> None:
         """Finalize step ``n`` without building its observation (load shedding): only the
@@ -815,10 +497,10 @@ class EngineState:
             # async: after an empty schedule(N+1) the loop may idle before S(N+2)
             return StepResult(None, "rejected", "empty_next_step")
         for k in (n, n + 1, n + 2):
-            self._calibrate(k, a)
+            self.starts.calibrate(k, a)
         m = n + a
-        lo_i, types_lo = self.pin(m, a)
-        hi_i, types_hi = self.pin(m + 1, a)
+        lo_i, types_lo = self.starts.pin(m, a)
+        hi_i, types_hi = self.starts.pin(m + 1, a)
         if lo_i is None or hi_i is None:
             return StepResult(None, "unmatched", "no_anchor")
         if lo_i[0] > lo_i[1] or hi_i[0] > hi_i[1]:
@@ -868,7 +550,7 @@ class EngineState:
             reqs = from_snapshots(s, snaps)
             if reqs is not None:
                 return Composition.SNAPSHOTS, reqs
-        lives = self.lives.get(n >> _BUCKET_BITS)
+        lives = self.lives.get(n >> BUCKET_BITS)
         if lives:
             reqs = from_lives(s, lives)
             if reqs is not None:
@@ -903,7 +585,7 @@ class EngineState:
             output_len=finished.decode_done_tokens,
             preempted=preemptions > 0,
         )
-        for b in range(life.first >> _BUCKET_BITS, (last >> _BUCKET_BITS) + 1):
+        for b in range(life.first >> BUCKET_BITS, (last >> BUCKET_BITS) + 1):
             self.lives.setdefault(b, []).append(life)
 
     # --------------------------------------------------------------- window
@@ -956,12 +638,7 @@ class EngineState:
     def silent(self, now_wall: int) -> bool:
         """Nothing seen for a window and nothing left to do: the engine can be forgotten."""
         return self.touched < now_wall - self.window_ns and not (
-            self.timeline
-            or self._tail_end
-            or self.pending
-            or self.pending_late
-            or self.loop_waits
-            or self.loop_waits_late
+            self.timeline or self._tail_end or self.pending or self.pending_late or self.loop_waits
         )
 
     def _purge(self, h: int) -> None:
@@ -987,8 +664,8 @@ class EngineState:
         for a in self.anchors:
             for k in [k for k in a if k < h]:
                 self.n_anchors -= len(a.pop(k))
-        self.cal.seen = {k for k in self.cal.seen if k[1] >= h}
-        hb = h >> _BUCKET_BITS
+        self.starts.forget_below(h)
+        hb = h >> BUCKET_BITS
         for b in [b for b in self.lives if b < hb]:
             del self.lives[b]
         self.coverage = [c for c in self.coverage if c[1] >= h]

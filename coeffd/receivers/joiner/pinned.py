@@ -3,7 +3,7 @@
 At vLLM's default sampling (journey 1.0, step 0.01) only one step in a hundred carries a
 ``step.BATCH_SUMMARY``, but every traced request stamps its journey events with the step
 they happened in. Those events pin schedule starts ``S(n)`` on the engine's own clock
-(:mod:`.engine`), and the finished requests' lives (:class:`~.composition.Life`) say which
+(:mod:`.starts`), and the finished requests' lives (:class:`~.composition.Life`) say which
 requests ran in every step between. Together they turn the unsampled steps into period
 observations:
 

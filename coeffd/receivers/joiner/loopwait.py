@@ -1,0 +1,118 @@
+"""Loop wait: how long a request waited for the busy-loop boundary at which it got QUEUED.
+
+vLLM drains its input queue only between busy-loop iterations (spec pitfall 9), so
+arrival→QUEUED = API overhead (BLIS's α0) + this wait, which BLIS simulates itself.
+Deciding it needs the journeys around the QUEUED step, so request observations are held
+here (:class:`LoopWaitQueue`) until the engine's data clock is a window past it, then
+:func:`loop_wait` answers from the step starts (:mod:`.starts`) and request lives.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+
+from coeffd.receivers.joiner.starts import BUCKET_BITS, QUEUED, StepStarts
+from coeffd.records.observations import RequestObservation
+
+
+@dataclass(slots=True)
+class LoopWait:
+    """A request observation waiting for the data that explains its QUEUED wait."""
+
+    deadline_wall: int
+    obs: RequestObservation
+    queued_mono_ns: int
+    queued_step: int
+
+
+class LoopWaitQueue:
+    """Held request observations of one engine, in deadline order."""
+
+    def __init__(self) -> None:
+        # mostly in deadline order (a FIFO); the rare one out of order goes to a heap
+        self._fifo: deque[LoopWait] = deque()
+        self._late: list[tuple[int, int, LoopWait]] = []
+        self._seq = 0  # tie-breaker of the heap: LoopWaits do not compare
+
+    def __len__(self) -> int:
+        return len(self._fifo) + len(self._late)
+
+    def defer(self, item: LoopWait, cap: int) -> LoopWait | None:
+        """Hold ``item``; returns the oldest held one when over ``cap`` (to be emitted
+        without its loop wait)."""
+        fifo = self._fifo
+        if not fifo or fifo[-1].deadline_wall <= item.deadline_wall:
+            fifo.append(item)
+        else:
+            self._seq += 1
+            heapq.heappush(self._late, (item.deadline_wall, self._seq, item))
+        if len(fifo) + len(self._late) > cap:
+            return self._pop()
+        return None
+
+    def _pop(self) -> LoopWait:
+        late = self._late
+        if late and (not self._fifo or late[0][0] < self._fifo[0].deadline_wall):
+            return heapq.heappop(late)[2]
+        return self._fifo.popleft()
+
+    def due(self, now_wall: int | None) -> list[LoopWait]:
+        """Held request observations whose window has passed (all of them if None)."""
+        out: list[LoopWait] = []
+        while self._fifo or self._late:
+            nxt = self._fifo[0].deadline_wall if self._fifo else None
+            if self._late and (nxt is None or self._late[0][0] < nxt):
+                nxt = self._late[0][0]
+            if now_wall is not None and nxt is not None and nxt > now_wall:
+                break
+            out.append(self._pop())
+        return out
+
+
+def loop_wait(
+    starts: StepStarts, queued_mono_ns: int, queued_step: int
+) -> tuple[float | None, str]:
+    """Expected time a request waited for the loop boundary at which it got QUEUED (ns),
+    and how that was decided (``busy``, ``idle`` or why it is unknown).
+
+    A request QUEUED at step ``q`` was delivered during the iteration between the drains
+    before ``S(q)`` and ``S(q+1)``; deliveries do not depend on the loop, so given that
+    iteration its delivery is uniform within it and the expected wait is half the time
+    from the previous drain to its QUEUED. That needs no step summary: the previous
+    drain is ``S(q)`` (pinned by any journey anchor of step ``q``) less the calibrated
+    QUEUED offset. The iteration is a busy one when another request scheduled by step
+    ``q`` was still running at ``q + 1`` (the loop had work and never blocked); with no
+    request at step ``q`` the loop was blocked on its input and woke for this one (wait
+    0); a loop running its last requests out may have blocked part-way, which is left
+    unknown (``draining``).
+
+    Called once the engine's data clock is a window past the QUEUED, so the answer
+    depends on the data, not on when it arrived (live = replay).
+    """
+    q = queued_step
+    if q <= 0:
+        return 0.0, "idle"
+    lives = starts.lives.get(q >> BUCKET_BITS, ())
+    if not any(life.first <= q < life.last for life in lives):
+        if any(life.first <= q <= life.last for life in lives):
+            return None, "draining"
+        return 0.0, "idle"
+    mode = starts.mode()
+    if mode is None:
+        return None, "mode_unknown"
+    a = 1 if mode else 0
+    p = starts.point(q, a) or starts.interpolate(q, a)
+    if p is None:
+        return None, "unpinned"
+    cfg = starts.cfg
+    if p.half_ns > cfg.loop_wait_max_uncertainty_us * 1e3:
+        return None, "uncertain"
+    dq = starts.cal.mean_var(QUEUED, cfg.min_calibration)
+    if dq is None:
+        return None, "uncalibrated"
+    span = queued_mono_ns - (p.t_ns - dq[0])
+    if span <= 0:
+        return None, "inconsistent_anchors"
+    return span / 2.0, "busy"

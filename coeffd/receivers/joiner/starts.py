@@ -1,0 +1,310 @@
+"""Schedule starts ``S(n)`` of one engine's steps, from summaries and journey anchors.
+
+Period target (spec §2.5 step 5): the busy-loop time attributable to batch ``N`` is
+``S(N+1) - S(N)`` with sync scheduling and ``S(N+2) - S(N+1)`` with async scheduling
+(the GPU runs batch N while the CPU schedules N+1), i.e. ``S(m+1) - S(m)`` with
+``m = N + a``. Each ``S(n)`` comes from a summary (exact) or from anchors:
+
+* ``SCHEDULED(n)``: inside ``schedule(n)``, so ``S(n) ∈ [t - sched, t]``;
+* ``QUEUED(n-1)`` and aborted ``FINISHED(n-1)``: input drain right before ``S(n)``;
+* ``FIRST_TOKEN``/``FINISHED(n-1-a)``: output processing right before ``S(n)``.
+
+The offset of each anchor type is bounded by priors until the engine has shown enough
+steps that carry both a summary and an anchor; then by the observed range plus a margin.
+
+:class:`StepStarts` owns that estimate and the loop mode (``a``); it reads the indexes
+that :class:`~.engine.EngineState` fills (summaries, anchors, request lives) and never
+writes them, so the window's bookkeeping stays in one place.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from coeffd.receivers.joiner import intervals as iv
+from coeffd.receivers.joiner import pinned
+from coeffd.receivers.joiner.composition import Life
+from coeffd.receivers.joiner.config import JoinerConfig
+from coeffd.records.events import BatchSummary, JourneyEvent, JourneyKind
+
+SCHED, QUEUED, COMPL = 0, 1, 2
+_CAL_KEEP = 512  # calibration deltas kept per anchor type (a rolling sample)
+BUCKET_BITS = 6  # request lives are indexed by 64-step buckets
+# how far a start may be interpolated from its pins: decode steps of a quiet engine
+# change by a few context tokens each, so even 256 of them space evenly
+_INTERPOLATE_STEPS = 256
+
+# anchor times per step, one dict per anchor type (tuples of ints: see EngineState)
+Anchors = tuple[dict[int, tuple[int, ...]], dict[int, tuple[int, ...]], dict[int, tuple[int, ...]]]
+
+
+def anchor_type(ev: JourneyEvent) -> int | None:
+    """Which anchor type a journey event is (None: it pins no step start)."""
+    kind = ev.kind
+    if kind is JourneyKind.SCHEDULED:
+        return SCHED
+    if kind is JourneyKind.PREEMPTED:
+        # inside schedule(n) like SCHEDULED (a prefix-cache reset outside schedule()
+        # is rare; a wrong anchor there makes the intersection empty, so it is rejected)
+        return SCHED
+    if kind is JourneyKind.QUEUED:
+        return QUEUED
+    if kind is JourneyKind.FINISHED:
+        # aborts are processed from the input queue (current counter), like QUEUED
+        return QUEUED if ev.finish_status == "aborted" else COMPL
+    if kind is JourneyKind.FIRST_TOKEN:
+        return COMPL
+    return None
+
+
+@dataclass(slots=True)
+class Calibration:
+    """Observed offsets ``S(n) - t`` of each anchor type (ns)."""
+
+    deltas: list[deque[float]] = field(
+        default_factory=lambda: [deque(maxlen=_CAL_KEEP) for _ in range(3)]
+    )
+    seen: set[tuple[int, int]] = field(default_factory=set)  # (type, step) already added
+    added: list[int] = field(default_factory=lambda: [0, 0, 0])  # deltas ever added
+    # (added count, mean, variance) per type, recomputed when ``added`` moved on
+    stats: list[tuple[int, float, float]] = field(default_factory=lambda: [(0, 0.0, 0.0)] * 3)
+
+    # offsets of one anchor type measured against another type's calibrated mean on steps
+    # no summary pins (only a mean's fallback: their spread is the other type's too, so
+    # they never widen the bounds, which must contain the truth)
+    cross: list[deque[float]] = field(
+        default_factory=lambda: [deque(maxlen=_CAL_KEEP) for _ in range(3)]
+    )
+    cross_added: list[int] = field(default_factory=lambda: [0, 0, 0])
+    cross_stats: list[tuple[int, float, float]] = field(default_factory=lambda: [(0, 0.0, 0.0)] * 3)
+
+    def mean_var(self, typ: int, min_samples: int) -> tuple[float, float] | None:
+        """Mean and variance of the observed ``S(n) - t`` of one anchor type (ns): from
+        summaries, else (with 4× the samples) from the cross-calibration."""
+        d = self.deltas[typ]
+        if len(d) < min_samples:
+            if len(self.cross[typ]) < 4 * min_samples:
+                return None
+            return _mean_var(self.cross[typ], self.cross_added[typ], self.cross_stats, typ)
+        return _mean_var(d, self.added[typ], self.stats, typ)
+
+    def is_exact(self, typ: int, min_samples: int) -> bool:
+        """True when summaries calibrated this anchor type."""
+        return len(self.deltas[typ]) >= min_samples
+
+
+def _mean_var(
+    d: deque[float], added: int, cache: list[tuple[int, float, float]], typ: int
+) -> tuple[float, float]:
+    k, mean, var = cache[typ]
+    if k != added:
+        # fsum: exactly rounded whatever the order the deltas arrived in (live = replay)
+        mean = math.fsum(d) / len(d)
+        var = math.fsum((x - mean) ** 2 for x in d) / len(d)
+        cache[typ] = (added, mean, var)
+    return mean, var
+
+
+class StepStarts:
+    """Estimates of ``S(n)`` for one engine, and its loop mode (sync or async)."""
+
+    def __init__(
+        self,
+        summaries: dict[int, BatchSummary],
+        anchors: Anchors,
+        lives: dict[int, list[Life]],
+        config: JoinerConfig,
+        async_mode: bool | None,
+    ) -> None:
+        # shared with EngineState, which fills and purges them (never rebinds them)
+        self.summaries = summaries
+        self.anchors = anchors
+        self.lives = lives
+        self.cfg = config
+        self.async_mode = async_mode  # forced by config or resource; None: inferred
+        self.votes = [0, 0]  # sync, async
+        self.cal = Calibration()
+        self.max_duration_ns = 0  # longest schedule() seen in a summary
+
+    # ------------------------------------------------------------------ loop mode
+
+    def vote_async(self, n: int) -> None:
+        """Infer async scheduling from completions of step n-1 vs the summary of step n.
+
+        Sync: outputs of n-1 are processed before ``S(n)``; async: after ``E(n)``.
+        """
+        s = self.summaries.get(n)
+        if s is None:
+            return
+        for t in self.anchors[COMPL].get(n - 1, ()):
+            if t < s.start_mono_ns:
+                self.votes[0] += 1
+            elif t > s.end_mono_ns:
+                self.votes[1] += 1
+
+    def mode(self) -> bool | None:
+        """True for async scheduling, False for sync, None while unknown."""
+        if self.async_mode is not None:
+            return self.async_mode
+        sync, asy = self.votes
+        if sync == asy:
+            return None
+        return asy > sync
+
+    # ---------------------------------------------------------------- calibration
+
+    def calibrate(self, n: int, a: int) -> None:
+        """Add offsets ``S(n) - t`` of anchors pinning a summarised step ``n``."""
+        s = self.summaries.get(n)
+        if s is None:
+            return
+        S = s.start_mono_ns
+        for typ, ts in self._pinning(n, a):
+            key = (typ, n)
+            if key in self.cal.seen:
+                continue
+            self.cal.seen.add(key)
+            dq = self.cal.deltas[typ]
+            for t in ts:
+                dq.append(float(S - t))
+            self.cal.added[typ] += len(ts)
+
+    def forget_below(self, h: int) -> None:
+        """Drop the calibration marks of steps below ``h`` (they left the window)."""
+        self.cal.seen = {k for k in self.cal.seen if k[1] >= h}
+
+    def _bounds(self, typ: int) -> iv.Interval:
+        p = self.cfg.anchor_priors
+        prior = (
+            (p.scheduled_lo_us * 1e3, p.scheduled_hi_us * 1e3),
+            (p.queued_lo_us * 1e3, p.queued_hi_us * 1e3),
+            (p.completion_lo_us * 1e3, p.completion_hi_us * 1e3),
+        )[typ]
+        if typ == SCHED and self.max_duration_ns:
+            # SCHEDULED/PREEMPTED lie in [S(n), E(n)]: E - S is the scheduler CPU time, whose
+            # range every summary shows; bound by the largest seen (+25 % + 20 µs)
+            prior = (max(prior[0], -(1.25 * self.max_duration_ns + 20e3)), prior[1])
+        return iv.offset_bounds(
+            list(self.cal.deltas[typ]),
+            prior,
+            self.cfg.min_calibration,
+            self.cfg.calibration_margin_us * 1e3,
+            self.cfg.calibration_margin_fraction,
+        )
+
+    # ------------------------------------------------------------------- estimates
+
+    def _pinning(self, n: int, a: int) -> list[tuple[int, tuple[int, ...]]]:
+        """The anchors that pin ``S(n)``, by type: SCHEDULED/PREEMPTED(n), QUEUED(n-1),
+        FIRST_TOKEN/FINISHED(n-1-a)."""
+        an = self.anchors
+        return [
+            (typ, ts)
+            for typ, step in ((SCHED, n), (QUEUED, n - 1), (COMPL, n - 1 - a))
+            if (ts := an[typ].get(step))
+        ]
+
+    def _intersect(self, present: list[tuple[int, tuple[int, ...]]]) -> iv.Interval | None:
+        parts: list[iv.Interval] = []
+        for typ, ts in present:
+            parts.extend(iv.shifted(ts, self._bounds(typ)))
+        return iv.intersect(parts)
+
+    def pin(self, n: int, a: int) -> tuple[iv.Interval | None, frozenset[int] | None]:
+        """Interval of ``S(n)``; the anchor types used (None = exact from a summary)."""
+        s = self.summaries.get(n)
+        if s is not None:
+            t = float(s.start_mono_ns)
+            return (t, t), None
+        present = self._pinning(n, a)
+        return self._intersect(present), frozenset(typ for typ, _ in present)
+
+    def point(self, n: int, a: int) -> pinned.Pin | None:
+        """Point estimate of ``S(n)`` (exact from a summary, else the calibrated mean
+        offsets of its anchors, weighted by their spread) and the half-width of its
+        bounds; None when no calibrated anchor pins it or the anchors disagree.
+
+        Means rather than the middle of the bounds: an anchor's offset sits near one end
+        of its range (SCHEDULED just after ``S``), and a period is the difference of two
+        starts pinned by different anchor types, so midpoints would bias it.
+        """
+        s = self.summaries.get(n)
+        if s is not None:
+            return pinned.Pin(n, float(s.start_mono_ns), 0.0)
+        present = self._pinning(n, a)
+        if not present:
+            return None  # most steps: nothing pins them
+        bounds = self._intersect(present)
+        if bounds is None or bounds[0] > bounds[1]:
+            return None
+        est = self._weighted(present, bounds, exact_only=False)
+        if est is None:
+            return None
+        self._cross_calibrate(n, present, bounds)
+        return pinned.Pin(n, est, (bounds[1] - bounds[0]) / 2.0)
+
+    def _weighted(
+        self, present: list[tuple[int, tuple[int, ...]]], bounds: iv.Interval, exact_only: bool
+    ) -> float | None:
+        num: list[float] = []
+        den: list[float] = []
+        m = self.cfg.min_calibration
+        for typ, ts in present:
+            if exact_only and not self.cal.is_exact(typ, m):
+                continue
+            mv = self.cal.mean_var(typ, m)
+            if mv is None:
+                continue
+            w = 1.0 / (mv[1] + 1e6)  # + (1 µs)²: equal weights when spreads are nil
+            for t in ts:
+                num.append(w * (t + mv[0]))
+                den.append(w)
+        if not den:
+            return None
+        # fsum: anchors arrive in any order, the estimate must not depend on it
+        return min(max(math.fsum(num) / math.fsum(den), bounds[0]), bounds[1])
+
+    def _cross_calibrate(
+        self, n: int, present: list[tuple[int, tuple[int, ...]]], bounds: iv.Interval
+    ) -> None:
+        """Offsets of anchor types that summaries have not calibrated yet, measured on
+        this step against the types they have: at 1 % step sampling a quiet engine sees
+        a SCHEDULED or QUEUED anchor on a summarised step only every few minutes, while
+        completions of the same steps are common."""
+        m = self.cfg.min_calibration
+        todo = [(typ, ts) for typ, ts in present if not self.cal.is_exact(typ, m)]
+        if not todo or len(todo) == len(present):
+            return
+        ref = self._weighted(present, bounds, exact_only=True)
+        if ref is None:
+            return
+        for typ, ts in todo:
+            key = (typ + 3, n)
+            if key in self.cal.seen:
+                continue
+            self.cal.seen.add(key)
+            self.cal.cross[typ].extend(ref - t for t in ts)
+            self.cal.cross_added[typ] += len(ts)
+
+    def interpolate(self, n: int, a: int) -> pinned.Pin | None:
+        """``S(n)`` between the nearest pinned starts around it, when every step between
+        is a decode step of the known requests (consecutive decode steps of one batch
+        differ by a request or a few context tokens, so equal spacing is close, and its
+        errors have no sign). The half-width grows with the distance to the pins."""
+        limit = _INTERPOLATE_STEPS
+        lo = next((p for m in range(n - 1, n - limit, -1) if (p := self.point(m, a))), None)
+        if lo is None:
+            return None
+        hi = next((p for m in range(n + 1, lo.step + limit) if (p := self.point(m, a))), None)
+        if hi is None or hi.t_ns <= lo.t_ns:
+            return None
+        for m in range(lo.step - a, hi.step - a):
+            for life in self.lives.get(m >> BUCKET_BITS, ()):
+                if life.first <= m <= (life.first_token if life.first_token is not None else m):
+                    return None  # a prefill between: steps of unequal length
+        frac = (n - lo.step) / (hi.step - lo.step)
+        gap = hi.t_ns - lo.t_ns
+        half = lo.half_ns + frac * (hi.half_ns - lo.half_ns) + 0.02 * gap / (hi.step - lo.step)
+        return pinned.Pin(n, lo.t_ns + frac * gap, half)
