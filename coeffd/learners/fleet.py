@@ -76,7 +76,8 @@ from coeffd.learners.nnls import nnls_information
 from coeffd.learners.prior import DEFAULT_SIMILARITY_WEIGHTS, PooledPrior, prior_precision
 
 if TYPE_CHECKING:
-    from coeffd.learners.registry import LearnerRegistry, LearnerSet
+    from coeffd.learners.learnerset import LearnerSet
+    from coeffd.learners.registry import LearnerRegistry
 
 __all__ = [
     "FLEET_ID",

@@ -1,0 +1,431 @@
+"""The learners of one configuration: predict, score, learn; vectors and state out.
+
+A :class:`LearnerSet` holds one :class:`~learners.rls.RLSRegressor` per target (made on
+first use by :mod:`learners.targets`). Every observation is predicted before it is
+learned (:mod:`learners.evaluation`), with the learned vector, BLIS's shipped defaults
+and a windowed batch refit; :meth:`LearnerSet.vector` turns a learner into the
+publishable :class:`~learners.snapshots.VectorSnapshot`. Sets are created, bounded and
+checkpointed by :mod:`learners.registry`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import structlog
+
+from coeffd.learners.config import LearnersConfig
+from coeffd.learners.evaluation import (
+    Evaluator,
+    WindowedRefit,
+    regime_batches,
+    regime_std,
+    step_regime,
+)
+from coeffd.learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA, TERM_NAMES, BlisBasis
+from coeffd.learners.features.config import ServingConfig
+from coeffd.learners.features.extended import extended_terms
+from coeffd.learners.features.observe import kv_bytes_per_block, step_features
+from coeffd.learners.rls import RLSRegressor
+from coeffd.learners.snapshots import Scored, VectorSnapshot
+from coeffd.learners.steady import STEADY, SteadyEstimator, identified_fit, term_sources
+from coeffd.learners.targets import ALPHA_TARGETS, make_learner
+from coeffd.records.observations import (
+    KVTransferObservation,
+    Observation,
+    RequestObservation,
+    StepObservation,
+)
+
+__all__ = ["RECENT_ROWS", "LearnerSet"]
+
+_log = structlog.get_logger(__name__)
+
+FloatArray = npt.NDArray[np.float64]
+
+#: Step feature rows kept per configuration: the "recent batch mix" the publisher judges
+#: a new β on (how much would it change the predicted step times of these batches).
+RECENT_ROWS = 256
+
+
+class LearnerSet:
+    """The learners of one configuration (see module table)."""
+
+    def __init__(
+        self,
+        config: ServingConfig,
+        basis: BlisBasis | None,
+        settings: LearnersConfig,
+        beta_prior: FloatArray,
+        beta_precision: FloatArray,
+        alpha_prior: FloatArray,
+        prior_sources: tuple[str, ...] = (),
+    ) -> None:
+        self.config = config
+        self.basis = basis
+        self.settings = settings
+        self.beta_prior = np.asarray(beta_prior, dtype=float)
+        self.beta_precision = np.asarray(beta_precision, dtype=float)
+        self.alpha_prior = np.asarray(alpha_prior, dtype=float)
+        self.prior_sources = prior_sources
+        self.learners: dict[str, RLSRegressor] = {}
+        self._steady: SteadyEstimator | None = None
+        self._steady_state: dict[str, Any] = {}  # restored before the learners exist
+        self._recent = np.zeros((RECENT_ROWS, len(TERM_NAMES)))
+        self._recent_n = 0
+        self._regime_terms: dict[str, FloatArray] | None = None
+        ev = settings.evaluation
+        self.baseline = WindowedRefit(
+            ev.baseline_window, ev.baseline_refit_every, len(TERM_NAMES), initial=BLIS_DEFAULT_BETA
+        )
+        self.version = 0
+        self.observations = 0
+        self.created_wall_ns = time.time_ns()
+        self.updated_wall_ns = self.created_wall_ns
+
+    # -------------------------------------------------------------- learners
+
+    def learner(self, target: str) -> RLSRegressor:
+        """The learner of ``target``, created on first use."""
+        m = self.learners.get(target)
+        if m is None:
+            m = self.make(target)
+            self.learners[target] = m
+        return m
+
+    def make(self, target: str) -> RLSRegressor:
+        """A fresh learner of ``target`` with this set's priors (:mod:`learners.targets`)."""
+        return make_learner(
+            target,
+            self.settings,
+            self.beta_prior,
+            self.beta_precision,
+            self.alpha_prior,
+            label=f"{self.config.id}/{target}",
+        )
+
+    def steady(self) -> SteadyEstimator:
+        """The published β estimator: fast tracker ``beta`` + long-memory ``beta_steady``."""
+        if self._steady is None:
+            d = self.settings.drift
+            self._steady = SteadyEstimator(
+                self.learner("beta"),
+                self.learner("beta_steady"),
+                keep=d.keep,
+                fast_forgetting=d.fast_forgetting,
+                fast_for=d.fast_for,
+            )
+            if self._steady_state:
+                self._steady.load_state(self._steady_state)
+        return self._steady
+
+    def regime_terms(self) -> dict[str, FloatArray]:
+        """Basis terms of the fixed per-regime batches for this configuration (cached)."""
+        if self._regime_terms is None:
+            if self.basis is None:
+                return {}
+            c = self.config
+            batches = regime_batches(c.max_num_batched_tokens or 2048, c.max_num_seqs or 256)
+            self._regime_terms = {
+                r: np.array([self.basis.terms(b) for b in bs]) for r, bs in batches.items()
+            }
+        return self._regime_terms
+
+    def step_time_rel_std(self, beta: Sequence[float]) -> dict[str, float]:
+        """:func:`learners.evaluation.regime_std` of the published β learner (µs-free)."""
+        m = self.learners.get("beta")
+        if m is None or not self.regime_terms():
+            return {}
+        if self.settings.steady and "beta_steady" in self.learners:
+            m = self.steady().published
+        sigma = m.residual_scale
+        if sigma is None:
+            return {}
+        a, _ = m.information()
+        try:
+            cov = np.asarray(sigma * sigma * np.linalg.inv(a), dtype=np.float64)
+        except np.linalg.LinAlgError:
+            return {}
+        return regime_std(self.regime_terms(), beta, cov)
+
+    def recent_terms(self) -> FloatArray | None:
+        """The step feature rows learned last (a copy), None before any."""
+        n = min(self._recent_n, RECENT_ROWS)
+        return self._recent[:n].copy() if n else None
+
+    def _remember(self, x: FloatArray) -> None:
+        k = len(x)
+        if k >= RECENT_ROWS:
+            self._recent[:] = x[-RECENT_ROWS:]
+        else:
+            idx = (self._recent_n + np.arange(k)) % RECENT_ROWS
+            self._recent[idx] = x
+        self._recent_n += k
+
+    # -------------------------------------------------------------- learning
+
+    def learn(self, obs: Observation, evaluator: Evaluator | None) -> list[Scored]:
+        """Predict, score, then learn one observation; returns what was scored."""
+        if isinstance(obs, StepObservation):
+            return self.learn_steps([obs], evaluator)  # does its own bookkeeping
+        if isinstance(obs, RequestObservation):
+            out = self._learn_request(obs, evaluator)
+        elif isinstance(obs, KVTransferObservation):
+            out = self._learn_kv(obs, evaluator)
+        else:
+            out = []
+        if out:
+            self.version += 1
+            self.observations += 1
+            self.updated_wall_ns = time.time_ns()
+        return out
+
+    def _score(
+        self,
+        evaluator: Evaluator | None,
+        target: str,
+        y: float,
+        preds: dict[str, float],
+        regime: str | None,
+    ) -> Scored:
+        if evaluator is not None:
+            evaluator.record(self.config.id, target, y, preds, regime)
+        return Scored(target, y, preds, regime)
+
+    def learn_steps(
+        self, steps: Sequence[StepObservation], evaluator: Evaluator | None
+    ) -> list[Scored]:
+        """Many step observations of this configuration at once: the same predictions,
+        updates and scores as :meth:`learn` one by one, vectorised (the learners predict
+        each row with the coefficients of their last fold either way; see
+        :meth:`RLSRegressor.learn_many_prequential`). Drift detections in the batch are
+        stamped with the step clock of its last row."""
+        if self.basis is None or not steps:
+            return []
+        beta = self.learner("beta")
+        ev = self.settings.evaluation
+        xs: list[FloatArray] = []
+        ys: list[float] = []
+        regimes: list[str] = []
+        xes: list[FloatArray | None] = []
+        for obs in steps:
+            y = float(obs.period_us)
+            x = step_features(obs, self.basis, block_size=self.config.block_size)
+            if not (math.isfinite(y) and y > 0 and np.all(np.isfinite(x))):
+                beta.n_rejected += 1
+                continue
+            agg = obs.aggregates
+            regimes.append(
+                step_regime(
+                    agg.prefill_tokens,
+                    agg.decode_tokens,
+                    agg.kv_usage_gpu_ratio,
+                    heavy_fraction=ev.heavy_fraction,
+                    kv_saturated=ev.kv_saturated,
+                )
+            )
+            xs.append(x)
+            ys.append(y)
+            if self.settings.extended:
+                xe = np.concatenate([x, extended_terms(obs, self.basis, self.config)])
+                xes.append(xe if np.all(np.isfinite(xe)) else None)
+        if not ys:
+            return []
+        x_all = np.array(xs)
+        y_all = np.array(ys)
+        if beta.drift is not None:
+            beta.drift.clock_ns = steps[-1].start_mono_ns
+        if self.settings.steady:
+            learned = self.steady().learn_many_prequential(x_all, y_all)
+        else:
+            learned = beta.learn_many_prequential(x_all, y_all)
+        self._remember(x_all)
+        default = x_all @ np.asarray(BLIS_DEFAULT_BETA)
+        extended = np.full(len(ys), np.nan)
+        ok = [i for i, xe in enumerate(xes) if xe is not None]
+        if ok:
+            xe_all = np.array([xes[i] for i in ok])
+            extended[ok] = self.learner("beta_extended").learn_many_prequential(
+                xe_all, y_all[ok], nonnegative=False
+            )
+        refit = self.baseline.learn_many_prequential(x_all, y_all)
+        columns = {
+            "learned": learned,
+            "blis_default": default,
+            "batch_refit": refit,
+            "learned_extended": extended,
+        }
+        if evaluator is not None:
+            evaluator.record_many(self.config.id, "step_period", y_all, columns, regimes)
+        rows = zip(
+            ys, learned.tolist(), default.tolist(), refit.tolist(), extended.tolist(), regimes,
+            strict=True,
+        )  # fmt: skip
+        out = []
+        for y, p_learned, p_default, p_refit, p_ext, regime in rows:
+            preds = {"learned": p_learned, "blis_default": p_default, "batch_refit": p_refit}
+            if p_ext == p_ext:  # not NaN: the extended learner predicted this row
+                preds["learned_extended"] = p_ext
+            out.append(Scored("step_period", y, preds, regime))
+        self.version += len(out)
+        self.observations += len(out)
+        self.updated_wall_ns = time.time_ns()
+        return out
+
+    def _learn_request(self, obs: RequestObservation, evaluator: Evaluator | None) -> list[Scored]:
+        out: list[Scored] = []
+        default = dict(zip(ALPHA_TARGETS, BLIS_DEFAULT_ALPHA, strict=True))
+        # BLIS's α0 is arrival → enqueued; vLLM's QUEUED also waits for the engine loop's
+        # next iteration boundary, which BLIS simulates itself: learn α0 without it, and
+        # not at all while the joiner cannot estimate it yet.
+        wait = obs.queued_loop_wait_us
+        for target, y in (
+            ("arrival_to_queued", None if wait is None else obs.arrival_to_queued_us - wait),
+            ("finished_to_departed", obs.finished_to_departed_us),
+            ("output_token", obs.first_token_to_response_us),
+        ):
+            if y is None:
+                continue
+            m = self.learner(target)
+            if not (math.isfinite(y) and y >= 0):
+                m.n_rejected += 1
+                continue
+            preds = {"learned": float(m.prediction_coef()[0]), "blis_default": default[target]}
+            out.append(self._score(evaluator, target, float(y), preds, None))
+            m.learn_one({"one": 1.0}, float(y))
+        qs = obs.queue_state
+        if obs.queue_wait_us is not None and qs is not None:
+            m = self.learner("queue_wait")
+            xq = {
+                "one": 1.0,
+                "waiting_depth": float(qs.waiting_depth),
+                "running_depth": float(qs.running_depth),
+                "kv_usage": float(qs.kv_usage_gpu_ratio),
+            }
+            y = float(obs.queue_wait_us)
+            if math.isfinite(y):
+                out.append(
+                    self._score(evaluator, "queue_wait", y, {"learned": fast_predict(m, xq)}, None)
+                )
+            m.learn_one(xq, y)
+        return out
+
+    def _learn_kv(self, obs: KVTransferObservation, evaluator: Evaluator | None) -> list[Scored]:
+        if not obs.success:
+            return []
+        target = "kv_store" if obs.store else "kv_load"
+        m = self.learner(target)
+        nbytes = obs.bytes
+        if nbytes is None and self.basis is not None:
+            nbytes = obs.block_count * kv_bytes_per_block(self.basis.model, self.config.block_size)
+        if nbytes is None:
+            m.n_rejected += 1
+            return []
+        x = {"one": 1.0, "bytes": float(nbytes)}
+        y = float(obs.duration_us)
+        scored = []
+        if math.isfinite(y) and y > 0:
+            scored.append(self._score(evaluator, target, y, {"learned": fast_predict(m, x)}, None))
+        m.learn_one(x, y)
+        return scored
+
+    # -------------------------------------------------------------- output
+
+    def vector(
+        self, name: str, evaluator: Evaluator | None, threshold: float
+    ) -> VectorSnapshot | None:
+        m = self.learners.get(name)
+        if m is None:
+            return None
+        estimate = ""
+        sources: dict[str, str] = {}
+        if name == "beta" and self.settings.steady and "beta_steady" in self.learners:
+            # the published β: the long-memory learner in steady state, identified
+            # directions from its data and the rest from the (pooled) prior
+            est = self.steady()
+            estimate = est.mode
+            slow = est.slow
+            fit, share = identified_fit(slow, self.settings.identify_max_rel_std)
+            a_data, _ = slow.data_information()
+            sources = term_sources(m.features, share, np.diag(a_data) > 0)
+            if estimate == STEADY:
+                m = slow
+        blis = (
+            name in ("beta", "beta_steady")
+            or name in ALPHA_TARGETS
+            or name in ("kv_store", "kv_load")
+        )
+        prior = np.asarray(m.prior_mean if m.prior_mean is not None else np.zeros(len(m.features)))
+        raw = m.coef
+        values = m.nonnegative_coef() if blis else raw
+        ident = m.identified(threshold)
+        if estimate:
+            if estimate == STEADY and self.settings.identify_pin:
+                values = fit
+            ident = np.array([sources[f] == "data" for f in m.features])
+        # Terms the data cannot identify already sit at their prior value in the fit (the
+        # prior is never forgotten, and an unexcited coefficient is decoupled from the data);
+        # they are not overwritten here, so the published vector is exactly the one scored.
+        if blis and not _publishable(values, len(m.features)):
+            _log.warning("invalid_vector_replaced_by_prior", config=self.config.id, vector=name)
+            values = np.maximum(np.nan_to_num(prior, nan=0.0, posinf=0.0), 0.0)
+        target = {"beta": "step_period", "beta_steady": "step_period"}.get(name, name)
+        target = "step_period" if name == "beta_extended" else target
+        source = "learned_extended" if name == "beta_extended" else "learned"
+        mape = rmse = math.nan
+        if evaluator is not None:
+            s = evaluator.summary(self.config.id, target).get(source, {}).get("all")
+            if s:
+                mape, rmse = s["mape"], s["rmse"]
+        drift = self.learners[name].drift  # the fast tracker's, for the published β too
+        return VectorSnapshot(
+            name=name,
+            names=tuple(m.features),
+            values=tuple(float(v) for v in values),
+            unconstrained=tuple(float(v) for v in raw),
+            std=tuple(float(v) for v in m.coef_std()),
+            prior=tuple(float(v) for v in prior),
+            identified=tuple(bool(v) for v in ident),
+            unidentified=tuple(f for f, ok in zip(m.features, ident, strict=True) if not ok),
+            observations=m.n_learned,
+            rejected=m.n_rejected,
+            n_effective=m.n_effective,
+            mape=mape,
+            rmse=rmse,
+            drift_detections=0 if drift is None else drift.detections,
+            drift_history=() if drift is None else tuple(dict(e) for e in drift.history),
+            estimate=estimate,
+            sources=sources,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "config": self.config.to_dict(),
+            "beta_prior": self.beta_prior.tolist(),
+            "beta_precision": self.beta_precision.tolist(),
+            "alpha_prior": self.alpha_prior.tolist(),
+            "prior_sources": list(self.prior_sources),
+            "learners": {k: m.state_dict() for k, m in self.learners.items()},
+            "baseline": self.baseline.coef.tolist(),
+            "version": self.version,
+            "observations": self.observations,
+            "created_wall_ns": self.created_wall_ns,
+            "updated_wall_ns": self.updated_wall_ns,
+            "steady": {} if self._steady is None else self._steady.state_dict(),
+        }
+
+
+def fast_predict(m: RLSRegressor, x: Mapping[str, float]) -> float:
+    """Predict-before-learn with the coefficients of the last fold (see
+    :meth:`RLSRegressor.prediction_coef`)."""
+    theta = m.prediction_coef(nonnegative=False)
+    return float(sum(float(theta[i]) * x.get(f, 0.0) for i, f in enumerate(m.features)))
+
+
+def _publishable(v: FloatArray, n: int) -> bool:
+    return bool(v.shape == (n,) and np.all(np.isfinite(v)) and np.all(v >= 0))

@@ -1,0 +1,88 @@
+"""What the learners hand the publisher: scored predictions and coefficient snapshots.
+
+Plain frozen dataclasses, so the daemon's publisher, metrics and the fleet model read a
+configuration's state without touching its learners (:mod:`learners.learnerset` builds
+them, :mod:`learners.registry` hands them out).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["ConfigSnapshot", "Scored", "VectorSnapshot"]
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One prequential prediction: the target, the measured value and each source's guess."""
+
+    target: str
+    y: float
+    predictions: dict[str, float]
+    regime: str | None = None
+
+
+@dataclass(frozen=True)
+class VectorSnapshot:
+    """One learned vector. ``values`` is always publishable (finite, ≥ 0, full length)."""
+
+    name: str
+    names: tuple[str, ...]
+    values: tuple[float, ...]
+    unconstrained: tuple[float, ...]
+    std: tuple[float, ...]
+    prior: tuple[float, ...]
+    identified: tuple[bool, ...]
+    unidentified: tuple[str, ...]
+    observations: int
+    rejected: int
+    n_effective: float
+    mape: float
+    rmse: float
+    drift_detections: int
+    drift_history: tuple[dict[str, Any], ...]
+    #: ``steady`` (long-memory estimate) or ``tracking`` (fast, the physics is changing);
+    #: "" for vectors without the two (every one but ``beta``)
+    estimate: str = ""
+    #: per term: ``data``, ``data+prior`` (only a combination identified) or ``prior``
+    sources: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ConfigSnapshot:
+    """What the publisher needs for one configuration.
+
+    ``alpha`` (3) and ``beta`` (11) are BLIS-ready: finite, non-negative, right length —
+    learned where data exists, the (pooled) prior elsewhere. ``vectors`` has the detail of
+    every learner; ``errors`` the rolling prequential errors
+    ``{target: {source: {regime: {"mape", "rmse", "n"}}}}``.
+    """
+
+    config_id: str
+    labels: dict[str, str]
+    alpha: tuple[float, ...]
+    beta: tuple[float, ...]
+    vectors: dict[str, VectorSnapshot]
+    observations: int
+    version: int
+    created_wall_ns: int
+    updated_wall_ns: int
+    prior_sources: tuple[str, ...]
+    errors: dict[str, Any] = field(default_factory=dict)
+    #: the last step feature rows learned (≤ ``learnerset.RECENT_ROWS`` × 11), or None
+    recent_terms: FloatArray | None = None
+    #: per regime: the published β's estimated relative standard error of the predicted
+    #: step time on a fixed set of batches (learners.evaluation.regime_batches)
+    step_time_rel_std: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if self.recent_terms is not None:
+            d["recent_terms"] = self.recent_terms.tolist()
+        return d
