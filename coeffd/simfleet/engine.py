@@ -23,9 +23,8 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -33,104 +32,11 @@ from coeffd.records.observations import BatchRequest
 from coeffd.simfleet.blocks import BlockPool, block_hash
 from coeffd.simfleet.config import Coefficients, EngineSpec
 from coeffd.simfleet.emitter import Emitter
-from coeffd.simfleet.kv import KVEvent, KVSink, encode_batch
+from coeffd.simfleet.kv import KVSink, encode_batch
+from coeffd.simfleet.offload import OffloadTier
 from coeffd.simfleet.physics import StepPhysics
+from coeffd.simfleet.state import INF, MS, US, Batch, Entry, Req, StepRecord
 from coeffd.simfleet.workload import Arrival, ArrivalProcess
-
-US = 1_000
-MS = 1_000_000
-INF = 1 << 62
-
-
-@dataclass(slots=True, eq=False)
-class Req:
-    """A request inside the engine (vLLM ``Request``), with its telemetry handles."""
-
-    arr: Arrival
-    external_id: str
-    internal_id: str
-    deliver_ns: int
-    tokens: list[int]  # prompt, then realized output tokens
-    prompt_len: int
-    target_out: int
-    max_tokens: int
-    hashes: list[int] = field(default_factory=list)  # full-block hash chain of known tokens
-    computed: int = 0
-    placeholders: int = 0
-    epoch: int = 0
-    blocks: list[int] = field(default_factory=list)
-    committed: int = 0
-    hwm: int = 0
-    preemptions: int = 0
-    cached_first: int = -1
-    started: bool = False
-    finished: bool = False
-    loading: bool = False
-    cpu_loaded: bool = False
-    cpu_stored: int = 0
-    api_span: Any = None
-    core_span: Any = None
-    first_response_ns: int = 0  # first token delivered to the client (TTFT end)
-
-    @property
-    def num_out(self) -> int:
-        return len(self.tokens) - self.prompt_len
-
-    def phase(self) -> str:
-        return "PREFILL" if self.num_out == 0 else "DECODE"
-
-
-@dataclass(slots=True)
-class Entry:
-    req: Req
-    tokens: int
-    samples: bool
-    epoch: int
-
-
-@dataclass(slots=True)
-class Transfer:
-    tid: int
-    req_id: str
-    store: bool
-    blocks: int
-    hashes: list[int]
-    step: int
-    done_ns: int
-    req: Req | None = None
-
-
-@dataclass(slots=True)
-class Batch:
-    """One scheduled step in flight."""
-
-    step: int
-    entries: list[Entry]
-    tokens: int
-    blis: list[BatchRequest]
-    dispatch_ns: int = 0
-    gpu_end_ns: int = 0
-    period_us: float = 0.0
-    truth_us: float = 0.0
-    worker_events: list[KVEvent] = field(default_factory=list)
-    transfers: list[Transfer] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class StepRecord:
-    """Per-step ground truth kept for tests (only when ``record_steps``)."""
-
-    step: int
-    start_ns: int
-    end_ns: int
-    tokens: int
-    running: int
-    waiting: int
-    free_blocks: int
-    period_us: float
-    truth_us: float
-    preempted: int
-    blis: list[BatchRequest]
 
 
 class Engine:
@@ -190,14 +96,7 @@ class Engine:
         cpu_blocks = 0
         if sc.cpu_offload_gib > 0:
             cpu_blocks = int(sc.cpu_offload_gib * (1 << 30) / self.kv_block_bytes)
-        self.cpu_blocks = cpu_blocks
-        self.cpu_tier: OrderedDict[int, None] = OrderedDict()
-        self._pending_stores: list[Transfer] = []
-        self._pending_loads: list[Transfer] = []
-        self._inflight: list[Transfer] = []
-        self._tid = 0
-        self._sched_events: list[KVEvent] = []
-        self._cpu_events: list[KVEvent] = []
+        self.offload = OffloadTier(cpu_blocks, sc.block_size, sc.tp, self._kv_duration_ns)
         # statistics / ground truth
         self.record_steps = record_steps
         self.check = check_invariants
@@ -214,7 +113,6 @@ class Engine:
         self._last_end = t0_ns
         self._last_preempted = 0
         self.num_arrivals = 0
-        self.num_transfers = 0
         self.shutdown_done = False
         if self.em is not None:
             self.em.open_steps(t0_ns, 1)
@@ -237,6 +135,17 @@ class Engine:
             p += nz.stall_us * self.rng.paretovariate(1.5)
         batch.truth_us = s
         batch.period_us = p
+
+    @property
+    def num_transfers(self) -> int:
+        """KV transfers submitted so far (stores and loads)."""
+        return self.offload.num_transfers
+
+    def _kv_duration_ns(self, store: bool, blocks: int, t: int) -> int:
+        c = self.coeffs(t)
+        k = 0 if store else 1
+        us = c.kv_base_us[k] + blocks * self.kv_block_bytes / c.kv_bytes_per_us[k]
+        return int(us * self._lognorm(self.spec.noise.kv_sigma) * US)
 
     # ------------------------------------------------------------ scheduling
 
@@ -499,7 +408,8 @@ class Engine:
         n_step = self.counter
         # stores planned in earlier steps are submitted with this step's batch (deferred,
         # tagged with this step: spec §5.6); loads planned in this step go out with it too
-        deferred, self._pending_stores = self._pending_stores, []
+        offload = self.offload
+        deferred = offload.take_deferred()
         sc = self.sc
         bs = self.bs
         budget = sc.max_num_batched_tokens
@@ -551,23 +461,15 @@ class Engine:
                     limit = (known - 1) // bs
                     self._ensure_hashes(r, limit)
                     hits = pool.lookup(r.hashes, limit)
-                    if self.cpu_blocks and not r.cpu_loaded:
-                        c = 0
-                        for h in r.hashes[len(hits) : limit]:
-                            if h not in self.cpu_tier:
-                                break
-                            c += 1
+                    if offload.cpu_blocks and not r.cpu_loaded:
+                        c = offload.held(r.hashes[len(hits) : limit])
                         if c > 0:
-                            self._start_load(r, c, n_step)
+                            offload.start_load(r, c, n_step)
                             j += 1
                             continue
                     if r.cpu_loaded:
                         # blocks loaded from the CPU tier count as computed, like hits
-                        c = 0
-                        for h in r.hashes[len(hits) : limit]:
-                            if h not in self.cpu_tier:
-                                break
-                            c += 1
+                        c = offload.held(r.hashes[len(hits) : limit])
                         start = (len(hits) + c) * bs
                     else:
                         start = len(hits) * bs
@@ -594,8 +496,8 @@ class Engine:
                 entries.append(Entry(r, n, False, r.epoch))
                 budget -= n
         # offload store planning (connector metadata): new full blocks go to the CPU tier
-        if self.cpu_blocks:
-            self._plan_stores(entries, n_step)
+        if offload.cpu_blocks:
+            offload.plan_stores(entries, n_step)
         # scheduler CPU time (spec §2.4: "typically a few hundred µs", far below the period)
         dur_us = (
             120.0
@@ -603,7 +505,7 @@ class Engine:
             + 2.5 * len(entries)
             + 45.0 * admitted
             + 30.0 * preempted
-            + (60.0 if self.cpu_blocks else 0.0)
+            + (60.0 if offload.cpu_blocks else 0.0)
         ) * self._lognorm(0.15)
         E = max(tev + US, S + int(dur_us * US))
         self._last_start = S
@@ -690,101 +592,10 @@ class Engine:
             r.hwm = max(r.hwm, min(r.computed, r.prompt_len))
         b = Batch(n_step, entries, total, blis)
         b.dispatch_ns = t_after + 30 * US
-        if deferred or self._pending_loads:
-            self._submit_transfers(b, deferred + self._pending_loads)
-            self._pending_loads = []
+        offload.submit(b, deferred)
         if self.check:
             self._check_invariants(b)
         return b
-
-    # ------------------------------------------------------------ offloading
-
-    def _kv_duration_ns(self, store: bool, blocks: int, t: int) -> int:
-        c = self.coeffs(t)
-        k = 0 if store else 1
-        us = c.kv_base_us[k] + blocks * self.kv_block_bytes / c.kv_bytes_per_us[k]
-        return int(us * self._lognorm(self.spec.noise.kv_sigma) * US)
-
-    def _plan_stores(self, entries: list[Entry], n_step: int) -> None:
-        for e in entries:
-            r = e.req
-            if r.committed <= r.cpu_stored:
-                continue
-            new = [h for h in r.hashes[r.cpu_stored : r.committed] if h not in self.cpu_tier]
-            r.cpu_stored = r.committed
-            if not new:
-                continue
-            over = len(self.cpu_tier) + len(new) - self.cpu_blocks
-            if over > 0:
-                evicted = [
-                    self.cpu_tier.popitem(last=False)[0]
-                    for _ in range(min(over, len(self.cpu_tier)))
-                ]
-                self._sched_events.append(
-                    ("CacheEviction", "CPU", len(evicted), "lru", n_step, None)
-                )
-                self._cpu_events.append(
-                    ("BlockRemoved", [h.to_bytes(8, "big") for h in evicted], "CPU")
-                )
-            new = new[: self.cpu_blocks]
-            for h in new:
-                self.cpu_tier[h] = None
-            self._sched_events.append(
-                ("CacheStoreCommitted", r.internal_id, "CPU", len(new), n_step)
-            )
-            self._tid += 1
-            self._pending_stores.append(
-                Transfer(self._tid, r.internal_id, True, len(new), new, 0, 0)
-            )
-
-    def _start_load(self, r: Req, blocks: int, n_step: int) -> None:
-        # created while admitting, before the connector learns the new step: N-1 (spec §5.6)
-        self._sched_events.append(("CacheLoadCommitted", r.internal_id, "CPU", blocks, n_step - 1))
-        r.loading = True
-        self._tid += 1
-        tr = Transfer(self._tid, r.internal_id, False, blocks, [], n_step, 0, r)
-        self._pending_loads.append(tr)
-
-    def _submit_transfers(self, b: Batch, jobs: list[Transfer]) -> None:
-        tp = max(1, self.sc.tp)
-        for tr in jobs:
-            tr.step = b.step if tr.store else tr.step
-            tr.done_ns = b.dispatch_ns + self._kv_duration_ns(tr.store, tr.blocks, b.dispatch_ns)
-            src, dst = ("GPU", "CPU") if tr.store else ("CPU", "GPU")
-            ev = ("TransferInitiated", tr.tid, tr.req_id, src, dst, tr.blocks, tr.step)
-            b.worker_events.extend([ev] * tp)  # every TP worker reports it (spec §5.8)
-            b.transfers.append(tr)
-            self.num_transfers += 1
-
-    def _completed_transfers(self, t: int) -> list[KVEvent]:
-        out: list[KVEvent] = []
-        keep = []
-        tp = max(1, self.sc.tp)
-        for tr in self._inflight:
-            if tr.done_ns <= t:
-                src, dst = ("GPU", "CPU") if tr.store else ("CPU", "GPU")
-                ev = ("TransferCompleted", tr.tid, tr.req_id, src, dst, tr.blocks, True, tr.step)
-                out.extend([ev] * tp)
-                if tr.store:
-                    self._cpu_events.append(
-                        (
-                            "BlockStored",
-                            [h.to_bytes(8, "big") for h in tr.hashes],
-                            None,
-                            [],
-                            self.bs,
-                            None,
-                            "CPU",
-                            None,
-                        )
-                    )
-                elif tr.req is not None:
-                    tr.req.loading = False
-                    tr.req.cpu_loaded = True
-            else:
-                keep.append(tr)
-        self._inflight = keep
-        return out
 
     # ------------------------------------------------------------ update_from_output()
 
@@ -813,18 +624,7 @@ class Engine:
             if r.num_out >= r.target_out or r.num_out >= r.max_tokens:
                 self._finish(r, tev, b.step, c)
         events = self.pool.take_events()
-        if self._sched_events:
-            events.extend(self._sched_events)
-            self._sched_events = []
-        if self._cpu_events:
-            events.extend(self._cpu_events)
-            self._cpu_events = []
-        # completions are polled from jobs reported in earlier outputs, then this batch's
-        # submissions join them (a job never completes in the output that submits it)
-        if self._inflight:
-            events.extend(self._completed_transfers(tev))
-        events.extend(b.worker_events)
-        self._inflight.extend(b.transfers)
+        self.offload.publish_into(events, b, tev)
         if events:
             tev += 8 * US  # the publish itself (time passes whether or not anyone listens)
             if self.kv_sinks:

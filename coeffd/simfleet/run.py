@@ -23,10 +23,11 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from coeffd.records.observations import BatchRequest
 from coeffd.simfleet.config import EngineSpec, SampleRates
 from coeffd.simfleet.emitter import Emitter
-from coeffd.simfleet.engine import INF, Engine
+from coeffd.simfleet.engine import Engine
 from coeffd.simfleet.kv import KVJsonlWriter, KVSink, ZmqPublisher
 from coeffd.simfleet.physics import BlisPhysics, make_physics
 from coeffd.simfleet.scenarios import build
+from coeffd.simfleet.state import INF
 from coeffd.simfleet.telemetry import (
     SDK_VERSION,
     JsonLinesSink,
