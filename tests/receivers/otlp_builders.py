@@ -7,7 +7,7 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from vllm_spans import journey_attrs, summary
 
-from coeffd.receivers.otlp.decode import parse_json_request
+from coeffd.receivers.otlp.jsonbody import parse_json_request
 
 
 def av(v: Any) -> dict[str, Any]:

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from otlp_builders import core_span, journey, request, span, step_span, summary_attrs
 
-from coeffd.receivers.otlp.decode import MAX_COUNT, Decoder, decode_request, source_for_resource
+from coeffd.receivers.otlp.attrs import MAX_COUNT
+from coeffd.receivers.otlp.decode import Decoder, decode_request, source_for_resource
 from coeffd.records.events import BatchSummary, CoreSpan, JourneyEvent
 
 

@@ -15,7 +15,7 @@ from test_example_replay import EXAMPLE, _pipeline_only, check_example
 
 from coeffd.daemon.app import App, CountingConsumer
 from coeffd.daemon.commands.replay import run_replay
-from coeffd.receivers.otlp.decode import parse_json_request
+from coeffd.receivers.otlp.jsonbody import parse_json_request
 
 LINES = EXAMPLE.read_bytes().splitlines()
 

@@ -26,9 +26,9 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from coeffd.daemon.http.server import HttpServer, Request, Response, Router
 from coeffd.daemon.security import http_guard
 from coeffd.daemon.settings import parse_endpoint
-from coeffd.receivers.otlp.decode import JsonDecodeError, parse_json_request
 from coeffd.receivers.otlp.fastproto import FastExportRequest
 from coeffd.receivers.otlp.ingest import Ingestor, Outcome
+from coeffd.receivers.otlp.jsonbody import JsonDecodeError, parse_json_request
 from coeffd.receivers.otlp.limits import LimitExceeded, check_json_body, check_request
 
 if TYPE_CHECKING:

@@ -7,9 +7,9 @@ access), so the number of accessor calls per attribute is what the code minimise
 * requests are parsed into :data:`~receivers.otlp.fastproto.FastExportRequest`, a
   wire-compatible twin whose ``attributes`` are protobuf maps, so each needed attribute
   is one C lookup and unneeded ones cost nothing;
-* each span/event kind has a generated straight-line parser (:func:`_compile_parser`)
-  that reads exactly its keys, type-checks on the fast path with one accessor call, and
-  builds the record positionally;
+* each span/event kind (:mod:`.kinds`) has a generated straight-line parser
+  (:func:`.attrs.compile_parser`) that reads exactly its keys, type-checks on the fast
+  path with one accessor call, and builds the record positionally;
 * a span's :class:`SpanInfo` and the resource's :class:`Source` are built once and
   shared by all records of that span / resource.
 
@@ -17,9 +17,9 @@ access), so the number of accessor calls per attribute is what the code minimise
 
 Bad input never raises out of this module: a span or event with a missing or mistyped
 required attribute, a non-finite number, or an absurd value (negative count, an integer
-beyond :data:`MAX_COUNT`) is *rejected* with a reason and skipped; spans, events and
+beyond :data:`.attrs.MAX_COUNT`) is *rejected* with a reason and skipped; spans, events and
 scopes we do not know are *ignored* (counted only); the rest of the request is still
-decoded.
+decoded. OTLP/JSON bodies are parsed into requests by :mod:`.jsonbody` first.
 
 >>> from coeffd.receivers.otlp.decode import decode_json
 >>> res = decode_json(b'{"resourceSpans": []}')
@@ -29,69 +29,37 @@ decoded.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
-import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from google.protobuf import json_format
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
+from coeffd.receivers.otlp.attrs import MAX_NS, Reject
 from coeffd.receivers.otlp.fastproto import FastExportRequest, to_fast
+from coeffd.receivers.otlp.jsonbody import parse_json_request
+from coeffd.receivers.otlp.kinds import SCOPE_STEP, SCOPES, EventParser, shedding_summary_parser
 from coeffd.records.events import (
-    ApiEvent,
-    ApiKind,
     AttrValue,
-    BatchSummary,
-    CoreSpan,
-    JourneyEvent,
-    JourneyKind,
     Record,
-    RequestSnapshot,
-    RequestSpan,
     Source,
     SpanInfo,
-    StepSpan,
 )
 
 __all__ = [
-    "MAX_COUNT",
-    "SCOPE_API",
-    "SCOPE_SCHEDULER",
-    "SCOPE_STEP",
     "DecodeResult",
     "Decoder",
-    "JsonDecodeError",
     "count_kinds",
     "decode_json",
     "decode_request",
-    "parse_json_request",
     "record_kind",
     "source_for_resource",
 ]
-
-SCOPE_API = "vllm.api"
-SCOPE_SCHEDULER = "vllm.scheduler"
-SCOPE_STEP = "vllm.scheduler.step"
-
-#: Largest integer accepted for counts, steps and token numbers. Real values are far
-#: below (steps ~1e9 after years of uptime); anything above is corruption.
-MAX_COUNT = 1 << 48
-#: Largest accepted nanosecond timestamp (int64 max: what OTLP can carry).
-MAX_NS = (1 << 63) - 1
-
-_STATUS_CODE_ERROR = 2  # opentelemetry.proto.trace.v1.Status.STATUS_CODE_ERROR
-
-
-class _Reject(Exception):
-    """Internal: a span or event is bad; ``args[0]`` is the reason label."""
 
 
 @dataclass(slots=True)
@@ -181,13 +149,7 @@ def count_kinds(records: Iterable[Any]) -> Counter[str]:
     return out
 
 
-# --------------------------------------------------------------------- value access
-# Type codes of attribute slots.
-_INT = 0  # non-negative int, accepts an integral double, bounded by MAX_COUNT
-_NS = 1  # non-negative int nanoseconds, bounded by MAX_NS
-_FLOAT = 2  # finite float, accepts int
-_STR = 3  # string
-_SECONDS = 4  # finite float seconds → int nanoseconds
+# ----------------------------------------------------------------------- resources
 
 
 def _any_to_python(v: AnyValue) -> AttrValue:
@@ -206,330 +168,6 @@ def _any_to_python(v: AnyValue) -> AttrValue:
     if which is None:
         return ""
     return json.dumps(json_format.MessageToDict(v), sort_keys=True, separators=(",", ":"))
-
-
-def _int_slow(v: AnyValue, key: str, required: bool, hi: int) -> int | None:
-    """Integer slot whose fast read gave 0: unset, zero, an integral double, or bad."""
-    which = v.WhichOneof("value")
-    if which == "int_value":
-        return 0
-    if which is None:
-        if required:
-            raise _Reject("missing:" + key)
-        return None
-    if which == "double_value":
-        d = v.double_value
-        if not math.isfinite(d):
-            raise _Reject("nonfinite:" + key)
-        if not d.is_integer():
-            raise _Reject("type:" + key)
-        if d < 0 or d > hi:
-            raise _Reject("range:" + key)
-        return int(d)
-    raise _Reject("type:" + key)
-
-
-def _float_slow(v: AnyValue, key: str, required: bool) -> float | None:
-    """Float slot whose fast read gave 0.0: unset, zero, an int, or a type error."""
-    which = v.WhichOneof("value")
-    if which == "double_value":
-        return 0.0
-    if which == "int_value":
-        return float(v.int_value)
-    if which is None:
-        if required:
-            raise _Reject("missing:" + key)
-        return None
-    raise _Reject("type:" + key)
-
-
-def _str_slow(v: AnyValue, key: str, required: bool) -> str | None:
-    """String slot whose fast read gave ``""``: unset, empty string, or a type error."""
-    which = v.WhichOneof("value")
-    if which == "string_value":
-        return ""
-    if which is None:
-        if required:
-            raise _Reject("missing:" + key)
-        return None
-    raise _Reject("type:" + key)
-
-
-_Field = tuple[str, int, bool]  # (attribute key, type code, required)
-
-
-def _compile_parser(
-    name: str,
-    fields: tuple[_Field, ...],
-    ctor: str,
-    post: tuple[str, ...] = (),
-    env: Mapping[str, Any] | None = None,
-    params: str = "obj, info, wall=0",
-) -> Callable[..., Record]:
-    """Generate ``name(obj, info, wall=0) -> Record`` for one span or event kind
-    (``params`` adds parameters that ``ctor`` may use).
-
-    The function reads ``fields`` from ``obj.attributes`` (a protobuf map, see
-    ``fastproto``) into ``x0, x1, …``, runs the ``post`` check lines, and returns
-    ``ctor`` (an expression using ``info``, ``wall``, ``obj`` and ``{args}`` =
-    ``x0, x1, …``). Straight-line generated code, one block per key with constants
-    inlined, instead of a loop over a table: no per-attribute tuple unpacking, type
-    dispatch or extra call frames, which together cost as much as the protobuf reads.
-
-    Fast paths read the expected oneof arm directly: a non-zero/non-empty result proves
-    the arm (unset arms read as their default), so ``WhichOneof`` only runs for zeros
-    and empties, and the helper functions only for the rare odd cases (a double where an
-    int is expected, wrong types, missing keys). Optional keys are tested with ``in``
-    first because ``attrs[key]`` on a message map inserts an empty value for an absent
-    key (harmless, but slower than the test).
-    """
-    lines = [f"def {name}({params}):", "    at = obj.attributes"]
-    for i, (key, t, req) in enumerate(fields):
-        k, x = repr(key), f"x{i}"
-        ind = "    "
-        if not req:
-            lines += [f"    if {k} not in at:", f"        {x} = None", "    else:"]
-            ind = "        "
-        lines.append(f"{ind}v = at[{k}]")
-        if t in (_INT, _NS):
-            hi = "MAX_COUNT" if t == _INT else "MAX_NS"
-            lines += [
-                f"{ind}{x} = v.int_value",
-                f"{ind}if {x}:",
-                f"{ind}    if {x} < 0 or {x} > {hi}:",
-                f"{ind}    " + f"    raise _Reject({'range:' + key!r})",
-                f"{ind}elif v.WhichOneof('value') != 'int_value':",
-                f"{ind}    {x} = _int_slow(v, {k}, {req}, {hi})",
-            ]
-        elif t in (_FLOAT, _SECONDS):
-            lines += [
-                f"{ind}{x} = v.double_value",
-                f"{ind}if {x}:",
-                f"{ind}    if {x} - {x} != 0.0:",  # NaN or ±inf; cheaper than isfinite
-                f"{ind}        raise _Reject({'nonfinite:' + key!r})",
-                f"{ind}else:",
-                f"{ind}    {x} = _float_slow(v, {k}, {req})",
-            ]
-            if t == _SECONDS:
-                lines += [
-                    f"{ind}if {x} is not None:",
-                    f"{ind}    if {x} < 0.0 or {x} > 9.2e9:",
-                    f"{ind}        raise _Reject({'range:' + key!r})",
-                    f"{ind}    {x} = round({x} * 1e9)",
-                ]
-        else:
-            lines += [
-                f"{ind}{x} = v.string_value",
-                f"{ind}if not {x} and v.WhichOneof('value') != 'string_value':",
-                f"{ind}    {x} = _str_slow(v, {k}, {req})",
-            ]
-    lines += ["    " + line for line in post]
-    args = ", ".join(f"x{i}" for i in range(len(fields)))
-    lines.append("    return " + ctor.format(args=args))
-    namespace: dict[str, Any] = {
-        "_Reject": _Reject,
-        "_int_slow": _int_slow,
-        "_float_slow": _float_slow,
-        "_str_slow": _str_slow,
-        "MAX_COUNT": MAX_COUNT,
-        "MAX_NS": MAX_NS,
-        **(env or {}),
-    }
-    exec(compile("\n".join(lines), f"<decode:{name}>", "exec"), namespace)
-    fn: Callable[..., Record] = namespace[name]
-    return fn
-
-
-# ------------------------------------------------------------------ span/event kinds
-# Fields are in record field order: records are built positionally from x0, x1, ….
-_R, _O = True, False  # required, optional
-
-_request_span = _compile_parser(
-    "request_span",
-    (
-        ("gen_ai.request.id", _STR, _R),
-        ("http.route", _STR, _O),
-        ("gen_ai.response.model", _STR, _O),
-        ("gen_ai.usage.prompt_tokens", _INT, _O),
-        ("gen_ai.usage.completion_tokens", _INT, _O),
-        ("gen_ai.request.max_tokens", _INT, _O),
-        ("gen_ai.request.n", _INT, _O),
-        ("gen_ai.request.temperature", _FLOAT, _O),
-        ("gen_ai.request.top_p", _FLOAT, _O),
-    ),
-    "RequestSpan(info, {args}, obj.status.code == STATUS_CODE_ERROR)",
-    env={"RequestSpan": RequestSpan, "STATUS_CODE_ERROR": _STATUS_CODE_ERROR},
-)
-_core_span = _compile_parser(
-    "core_span",
-    (("gen_ai.request.id", _STR, _R),),
-    "CoreSpan(info, {args})",
-    env={"CoreSpan": CoreSpan},
-)
-_step_span = _compile_parser(
-    "step_span",
-    (
-        ("scheduler.span_sequence", _INT, _R),
-        ("scheduler.step_range_start", _INT, _R),
-        ("scheduler.closure_interval", _INT, _R),
-        ("scheduler.step_range_end", _INT, _O),
-    ),
-    "StepSpan(info, {args})",
-    env={"StepSpan": StepSpan},
-)
-
-_API_FIELDS: tuple[_Field, ...] = (
-    ("event.ts.monotonic", _SECONDS, _R),
-    ("reason", _STR, _O),
-    ("error", _STR, _O),
-)
-_api_events = {
-    "api." + k.value: _compile_parser(
-        "api_" + k.value.lower(),
-        _API_FIELDS,
-        "ApiEvent(info, KIND, wall, {args})",
-        env={"ApiEvent": ApiEvent, "KIND": k},
-    )
-    for k in ApiKind
-}
-
-_journey_seconds = _compile_parser("journey_seconds", (("ts.monotonic", _SECONDS, _O),), "{args}")
-_JOURNEY_FIELDS: tuple[_Field, ...] = (
-    ("ts.monotonic_ns", _NS, _O),  # required, with ts.monotonic as the fallback
-    ("scheduler.step", _INT, _R),
-    ("phase", _STR, _R),
-    ("prefill.done_tokens", _INT, _R),
-    ("prefill.total_tokens", _INT, _R),
-    ("decode.done_tokens", _INT, _R),
-    ("decode.max_tokens", _INT, _R),
-    ("num_preemptions", _INT, _R),
-    ("schedule.kind", _STR, _O),
-    ("finish.status", _STR, _O),
-)
-_journey_events = {
-    "journey." + k.value: _compile_parser(
-        "journey_" + k.value.lower(),
-        _JOURNEY_FIELDS,
-        "JourneyEvent(info, KIND, wall, {args})",
-        post=(
-            # Spec: ts.monotonic == ts.monotonic_ns / 1e9; use it when ns is absent.
-            "if x0 is None:",
-            "    x0 = journey_seconds(obj, info)",
-            "    if x0 is None:",
-            "        raise _Reject('missing:ts.monotonic_ns')",
-        ),
-        env={"JourneyEvent": JourneyEvent, "KIND": k, "journey_seconds": _journey_seconds},
-    )
-    for k in JourneyKind
-}
-
-_SUMMARY_FIELDS: tuple[_Field, ...] = (
-    ("step.id", _INT, _R),
-    ("step.ts_start_ns", _NS, _R),
-    ("step.ts_end_ns", _NS, _R),
-    ("step.duration_us", _INT, _R),
-    ("queue.running_depth", _INT, _R),
-    ("queue.waiting_depth", _INT, _R),
-    ("batch.num_prefill_reqs", _INT, _R),
-    ("batch.num_decode_reqs", _INT, _R),
-    ("batch.scheduled_tokens", _INT, _R),
-    ("batch.prefill_tokens", _INT, _R),
-    ("batch.decode_tokens", _INT, _R),
-    ("batch.num_finished", _INT, _R),
-    ("batch.num_preempted", _INT, _R),
-    ("kv.usage_gpu_ratio", _FLOAT, _R),
-    ("kv.blocks_total_gpu", _INT, _R),
-    ("kv.blocks_free_gpu", _INT, _R),
-)
-#: What the joiner's bookkeeping reads of a step it sheds (see ``BatchSummary.partial``),
-#: besides ``step.id``, which :func:`_shedding_summary_parser` has read already.
-_PARTIAL_SUMMARY_KEYS = frozenset(
-    {
-        "step.ts_start_ns",
-        "step.ts_end_ns",
-        "queue.running_depth",
-        "queue.waiting_depth",
-        "batch.scheduled_tokens",
-        "kv.usage_gpu_ratio",
-    }
-)
-
-
-def _ratio_check(fields: tuple[_Field, ...]) -> tuple[str, ...]:
-    """The ``post`` lines bounding ``kv.usage_gpu_ratio`` to [0, 1] among ``fields``."""
-    i = [key for key, _, _ in fields].index("kv.usage_gpu_ratio")
-    return (f"if x{i} < 0.0 or x{i} > 1.0:", "    raise _Reject('range:kv.usage_gpu_ratio')")
-
-
-def _partial_summary_parser() -> Callable[..., Record]:
-    """``batch_summary_partial(obj, info, wall, step)``: the partial fields read, every
-    other field of the record 0, ``partial`` True (built from :data:`_SUMMARY_FIELDS`,
-    so the two parsers cannot disagree on a field or its position)."""
-    fields = tuple(f for f in _SUMMARY_FIELDS if f[0] in _PARTIAL_SUMMARY_KEYS)
-    index = {key: i for i, (key, _, _) in enumerate(fields)}
-    args = [
-        "step" if key == "step.id" else f"x{index[key]}" if key in index else "0"
-        for key, _, _ in _SUMMARY_FIELDS
-    ]
-    return _compile_parser(
-        "batch_summary_partial",
-        fields,
-        "BatchSummary(info, wall, " + ", ".join(args) + ", True)",
-        post=_ratio_check(fields),
-        env={"BatchSummary": BatchSummary},
-        params="obj, info, wall, step",
-    )
-
-
-_batch_summary = _compile_parser(
-    "batch_summary",
-    _SUMMARY_FIELDS,
-    "BatchSummary(info, wall, {args})",
-    post=_ratio_check(_SUMMARY_FIELDS),
-    env={"BatchSummary": BatchSummary},
-)
-_batch_summary_partial = _partial_summary_parser()
-
-
-def _shedding_summary_parser(keep: Callable[[int], bool]) -> _EventParser:
-    """A ``step.BATCH_SUMMARY`` parser that decodes the steps ``keep`` rejects partially.
-
-    Under load the daemon learns one step in up to 32, and a full summary is the
-    costliest record to decode; the shed ones only feed the joiner's bookkeeping. An
-    odd ``step.id`` (missing, mistyped, out of range) takes the full parser, which
-    rejects it with the usual reason.
-    """
-
-    def parse(ev: Any, info: SpanInfo, wall: int) -> Record:
-        n = ev.attributes["step.id"].int_value
-        if 0 < n <= MAX_COUNT and not keep(n):
-            return _batch_summary_partial(ev, info, wall, n)
-        return _batch_summary(ev, info, wall)
-
-    return parse
-
-
-_request_snapshot = _compile_parser(
-    "request_snapshot",
-    (
-        ("step.id", _INT, _R),
-        ("request.id", _STR, _R),
-        ("request.phase", _STR, _R),
-        ("request.num_prompt_tokens", _INT, _R),
-        ("request.num_computed_tokens", _INT, _R),
-        ("request.num_output_tokens", _INT, _R),
-        ("request.num_preemptions", _INT, _R),
-        ("request.scheduled_tokens_this_step", _INT, _R),
-        ("kv.blocks_allocated_gpu", _INT, _R),
-        ("kv.blocks_cached_gpu", _INT, _R),
-        ("request.effective_prompt_len", _INT, _O),
-    ),
-    "RequestSnapshot(info, wall, {args})",
-    env={"RequestSnapshot": RequestSnapshot},
-)
-
-
-# ----------------------------------------------------------------------- resources
 
 
 def source_for_resource(resource: Resource) -> Source:
@@ -565,7 +203,7 @@ class Decoder:
         self._max_source_bytes = max_source_bytes
         self._source_bytes = 0
         self._step_filter: Callable[[int], bool] | None = None
-        self._scopes = _SCOPES
+        self._scopes = SCOPES
         #: Engine sampling: the spans of sources for which this is False are counted in
         #: ``sampled_out`` and not decoded. The daemon wires its engine sampler's ``keep``
         #: here (see ``daemon.sampling``); ``None`` decodes every source.
@@ -582,11 +220,11 @@ class Decoder:
     def step_filter(self, keep: Callable[[int], bool] | None) -> None:
         if keep is self._step_filter:
             return
-        scopes = _SCOPES
+        scopes = SCOPES
         if keep is not None:
-            accepts, span_parser, events = _SCOPES[SCOPE_STEP]
-            events = {**events, "step.BATCH_SUMMARY": _shedding_summary_parser(keep)}
-            scopes = {**_SCOPES, SCOPE_STEP: (accepts, span_parser, events)}
+            accepts, span_parser, events = SCOPES[SCOPE_STEP]
+            events = {**events, "step.BATCH_SUMMARY": shedding_summary_parser(keep)}
+            scopes = {**SCOPES, SCOPE_STEP: (accepts, span_parser, events)}
         # decode reads only _scopes, replaced whole: a decode on another thread sees one table
         self._scopes, self._step_filter = scopes, keep
 
@@ -645,7 +283,7 @@ class Decoder:
                         out.append(span_parser(span, info))
                         if info.dropped_events:
                             res.dropped_upstream += info.dropped_events
-                    except _Reject as e:
+                    except Reject as e:
                         _reject_span(res, span, e.args[0])
                         continue
                     _decode_events(span, info, event_parsers, out, res)
@@ -655,7 +293,7 @@ class Decoder:
 def _decode_events(
     span: Any,
     info: SpanInfo,
-    parsers: Mapping[str, _EventParser],
+    parsers: Mapping[str, EventParser],
     out: list[Record],
     res: DecodeResult,
 ) -> None:
@@ -669,9 +307,9 @@ def _decode_events(
         try:
             wall = ev.time_unix_nano
             if wall <= 0 or wall > MAX_NS:
-                raise _Reject("range:timeUnixNano")
+                raise Reject("range:timeUnixNano")
             out.append(parse(ev, info, wall))
-        except _Reject as e:
+        except Reject as e:
             res.rejected += 1
             res.reasons[e.args[0]] += 1
             if not flagged:
@@ -685,11 +323,11 @@ def _span_info(span: Any, scope: str, source: Source) -> SpanInfo:
     parent = span.parent_span_id
     # Joins key on these ids (spec §2.6, §7.3), so malformed ids are rejected, not guessed.
     if len(trace_id) != 16 or len(span_id) != 8 or len(parent) not in (0, 8):
-        raise _Reject("ids")
+        raise Reject("ids")
     start = span.start_time_unix_nano
     end = span.end_time_unix_nano
     if start <= 0 or end <= 0 or start > MAX_NS or end > MAX_NS:
-        raise _Reject("range:span_time")
+        raise Reject("range:span_time")
     return SpanInfo(
         trace_id,
         span_id,
@@ -712,29 +350,6 @@ def _reject_span(res: DecodeResult, span: Any, reason: str) -> None:
     res.rejected_spans += 1
 
 
-_EventParser = Callable[[Any, SpanInfo, int], Record]
-_SpanParser = Callable[[Any, SpanInfo], Record]
-
-#: scope → (accepts span name, span parser, event name → event parser)
-_SCOPES: dict[str, tuple[Callable[[str], bool], _SpanParser, dict[str, _EventParser]]] = {
-    SCOPE_API: (
-        "llm_request".__eq__,
-        _request_span,
-        _api_events,
-    ),
-    SCOPE_SCHEDULER: (
-        "llm_core".__eq__,
-        _core_span,
-        _journey_events,
-    ),
-    SCOPE_STEP: (
-        lambda name: name.startswith("scheduler_steps_"),
-        _step_span,
-        {"step.BATCH_SUMMARY": _batch_summary, "step.REQUEST_SNAPSHOT": _request_snapshot},
-    ),
-}
-
-
 def decode_request(req: Any, decoder: Decoder | None = None) -> DecodeResult:
     """Decode one ``ExportTraceServiceRequest`` into records (spans first, then events).
 
@@ -744,79 +359,6 @@ def decode_request(req: Any, decoder: Decoder | None = None) -> DecodeResult:
 
 
 # ------------------------------------------------------------------------ OTLP/JSON
-
-
-class JsonDecodeError(ValueError):
-    """The body is not an OTLP/JSON ``ExportTraceServiceRequest``."""
-
-
-_ID_KEYS = ("traceId", "spanId", "parentSpanId")
-
-
-def _hex_ids_to_base64(obj: Any) -> None:
-    """OTLP/JSON writes trace/span ids as hex, protobuf's JSON mapping wants base64.
-
-    Rewrites ids in place in spans and their links; ids that are not valid hex are left
-    as they are (so a base64 producer still works, and garbage fails in the parser).
-    """
-    if not isinstance(obj, dict):
-        return
-    for rs in _items(obj.get("resourceSpans")):
-        if not isinstance(rs, dict):
-            continue
-        for ss in _items(rs.get("scopeSpans")):
-            if not isinstance(ss, dict):
-                continue
-            for span in _items(ss.get("spans")):
-                if not isinstance(span, dict):
-                    continue
-                _fix_ids(span)
-                for link in _items(span.get("links")):
-                    if isinstance(link, dict):
-                        _fix_ids(link)
-
-
-def _items(v: Any) -> list[Any]:
-    # Wrong shapes are left for the protobuf parser to reject with a proper message.
-    return v if isinstance(v, list) else []
-
-
-def _fix_ids(d: dict[str, Any]) -> None:
-    for k in _ID_KEYS:
-        v = d.get(k)
-        if isinstance(v, str) and v and len(v) % 2 == 0:
-            try:
-                raw = bytes.fromhex(v)
-            except ValueError:
-                continue
-            d[k] = base64.b64encode(raw).decode("ascii")
-
-
-def parse_json_request(data: bytes | str | Mapping[str, Any]) -> ExportTraceServiceRequest:
-    """Parse an OTLP/JSON body (bytes, text, or an already loaded dict) into the proto.
-
-    Raises :class:`JsonDecodeError` with a short message when it is not one.
-    """
-    if isinstance(data, bytes | bytearray | memoryview | str):
-        try:
-            obj = orjson.loads(data if isinstance(data, str) else bytes(data))
-        except orjson.JSONDecodeError as e:
-            raise JsonDecodeError(f"invalid JSON: {e}") from None
-    else:
-        obj = dict(data)
-    if not isinstance(obj, dict):
-        raise JsonDecodeError("OTLP/JSON body must be a JSON object")
-    _hex_ids_to_base64(obj)
-    req = ExportTraceServiceRequest()
-    try:
-        json_format.ParseDict(obj, req, ignore_unknown_fields=True)
-    except (json_format.ParseError, ValueError, TypeError) as e:
-        raise JsonDecodeError(f"not an OTLP ExportTraceServiceRequest: {e}") from None
-    except RecursionError:
-        # ParseDict recurses a few frames per nesting level: a few hundred nested array
-        # values exhaust the stack while orjson (limit 1024) still accepted the text.
-        raise JsonDecodeError("not an OTLP ExportTraceServiceRequest: nested too deeply") from None
-    return req
 
 
 def decode_json(

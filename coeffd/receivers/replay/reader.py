@@ -32,8 +32,9 @@ import zstandard
 from google.protobuf.message import DecodeError as ProtoDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from coeffd.receivers.otlp.decode import JsonDecodeError, count_kinds, parse_json_request
+from coeffd.receivers.otlp.decode import count_kinds
 from coeffd.receivers.otlp.ingest import Ingestor, Outcome
+from coeffd.receivers.otlp.jsonbody import JsonDecodeError, parse_json_request
 
 __all__ = ["RECEIVER", "ReplaySummary", "iter_json_objects", "open_trace_file", "replay_files"]
 
