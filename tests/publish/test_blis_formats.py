@@ -10,14 +10,11 @@ import pytest
 import yaml as pyyaml
 from publish_support import BLIS_DEFAULTS, make_snapshot
 
-from coeffd.daemon.publish.blis import (
+from coeffd.daemon.publish.blis import to_flag_args, to_flags, to_json, to_yaml_block
+from coeffd.daemon.publish.defaults_rewrite import rewrite_defaults
+from coeffd.daemon.publish.defaults_schema import (
     DefaultsYamlError,
     check_defaults_text,
-    rewrite_defaults,
-    to_flag_args,
-    to_flags,
-    to_json,
-    to_yaml_block,
     validate_defaults_yaml,
 )
 from coeffd.daemon.publish.snapshot import InvalidCoefficientsError, decode_snapshot

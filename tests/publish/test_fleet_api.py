@@ -21,7 +21,7 @@ from publish_support import run_pull as _pull
 from coeffd.daemon import api
 from coeffd.daemon.fleet import FleetPublisher, fleet_snapshot
 from coeffd.daemon.http.server import HttpServer
-from coeffd.daemon.publish.blis import validate_defaults_yaml
+from coeffd.daemon.publish.defaults_schema import validate_defaults_yaml
 from coeffd.daemon.publish.snapshot import SnapshotStore, validate_for_blis
 from coeffd.learners.features import BLIS_DEFAULT_BETA, MODELS, BlisBasis, load_hardware
 from coeffd.learners.features.catalog import model_config

@@ -10,7 +10,7 @@ import pytest
 from publish_support import BLIS_DEFAULTS, make_snapshot, serve
 from publish_support import run_pull as _pull
 
-from coeffd.daemon.publish.blis import validate_defaults_yaml
+from coeffd.daemon.publish.defaults_schema import validate_defaults_yaml
 from coeffd.daemon.publish.snapshot import SnapshotStore
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ import pytest
 from publish_support import BETA, BLIS_DEFAULTS, make_snapshot, serve
 
 from coeffd.daemon.commands import pull
-from coeffd.daemon.publish.blis import validate_defaults_yaml
+from coeffd.daemon.publish.defaults_schema import validate_defaults_yaml
 from coeffd.daemon.publish.snapshot import ConfigurationRef, SnapshotStore
 
 NEW_ALPHA = (111.5, 22.25, 3.0)

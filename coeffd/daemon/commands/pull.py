@@ -51,13 +51,9 @@ import orjson
 
 from coeffd.daemon.predict import as_snapshot, render
 from coeffd.daemon.predict import comment as prediction_comment
-from coeffd.daemon.publish.blis import (
-    DefaultsUpdate,
-    DefaultsYamlError,
-    own_comment,
-    plan_defaults_update,
-    to_blis_args,
-)
+from coeffd.daemon.publish.blis import to_blis_args
+from coeffd.daemon.publish.defaults_rewrite import DefaultsUpdate, own_comment, plan_defaults_update
+from coeffd.daemon.publish.defaults_schema import DefaultsYamlError
 from coeffd.daemon.publish.snapshot import InvalidCoefficientsError, Snapshot, decode_snapshot
 from coeffd.learners.features.catalog import resolve_model
 from coeffd.learners.features.model import ModelConfigError
