@@ -7,12 +7,8 @@ Public API: ``decode_kv_message``, ``KVSubscriber``, ``KVMetrics``, ``SequenceTr
 
 from coeffd.receivers.kv.decode import decode_kv_message, parse_message, parse_payload
 from coeffd.receivers.kv.jsonl import iter_kv_jsonl, read_kv_jsonl
-from coeffd.receivers.kv.subscriber import (
-    KVMetrics,
-    KVSubscriber,
-    SequenceTracker,
-    source_from_attributes,
-)
+from coeffd.receivers.kv.sequence import SequenceTracker
+from coeffd.receivers.kv.subscriber import KVMetrics, KVSubscriber, source_from_attributes
 
 __all__ = [
     "KVMetrics",

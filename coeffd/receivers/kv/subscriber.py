@@ -7,12 +7,7 @@ an engine's PUB endpoint (vLLM binds ``tcp://*:5557`` by default; DP rank r bind
 the records are handed to ``offer(records) -> bool``, the pipeline's non-blocking
 enqueue; ``False`` means the pipeline is full and the records are counted as dropped.
 PUB/SUB has no back-pressure, so dropping (and counting) is the only honest option.
-
-Sequence numbers (``SequenceTracker``): the publisher numbers batches 0, 1, 2, ... per
-process. A jump forward is a gap (PUB dropped above its HWM, or we were slow); a number
-at or below the last seen is either a replayed batch (same or older ``ts``: dropped as a
-duplicate, so the joiner never sees a batch twice) or an engine restart (newer ``ts``:
-the tracker restarts from it).
+Sequence numbers are classified by :class:`~.sequence.SequenceTracker`.
 """
 
 from __future__ import annotations
@@ -31,6 +26,7 @@ from prometheus_client import Counter as PromCounter
 from zmq.utils.monitor import recv_monitor_message
 
 from coeffd.receivers.kv.decode import KVDecodeError, batch_records, parse_message
+from coeffd.receivers.kv.sequence import SequenceTracker
 from coeffd.records.events import AttrValue, KVRecord, Source
 
 log = structlog.get_logger(__name__)
@@ -108,125 +104,6 @@ class KVMetrics:
             ["receiver", "kind"],
             registry=registry,
         )
-
-
-class SequenceTracker:
-    """Gap / duplicate / restart / recovery detection per stream key (``(endpoint, dp_rank)``).
-
-    Sequence numbers skipped by a gap are remembered (the newest ``max_missing`` per key)
-    so that a batch re-sent by the publisher's replay socket is recognised as
-    ``recovered`` (accepted) rather than as a duplicate.
-
-    Everything here is bounded, because keys and numbers come from the network: missing
-    numbers are kept as at most ``max_ranges`` ``[start, end)`` ranges per key (not one
-    int each), at most ``max_keys`` streams are tracked (the least recently seen is
-    forgotten), and a forward jump of more than ``max_gap`` batches is a ``jump`` (a
-    forged or corrupted number, or a publisher reset we cannot tell apart), counted apart
-    from gaps and taken as the new baseline, with nothing remembered as missing.
-
-    >>> t = SequenceTracker(max_keys=2, max_gap=100)
-    >>> t.observe("a", 1, 1.0), t.observe("a", 5, 2.0), t.observe("a", 3, 1.5)
-    (('first', 0), ('gap', 3), ('recovered', 0))
-    >>> t.observe("a", 2**64 - 1, 3.0), t.observe("a", 2**64 - 1, 3.0)
-    (('jump', 0), ('duplicate', 0))
-    >>> t.observe("b", 0, 1.0), t.observe("c", 0, 1.0), len(t), t.evicted
-    (('first', 0), ('first', 0), 2, 1)
-    """
-
-    OK = "ok"
-    FIRST = "first"
-    GAP = "gap"
-    DUPLICATE = "duplicate"
-    RESTART = "restart"
-    RECOVERED = "recovered"
-    JUMP = "jump"
-
-    def __init__(
-        self,
-        max_missing: int = 10_000,
-        *,
-        max_keys: int = 1024,
-        max_gap: int = 1_000_000,
-        max_ranges: int = 64,
-    ) -> None:
-        self._last: dict[Any, tuple[int, float]] = {}
-        self._missing: dict[Any, list[list[int]]] = {}
-        self.max_missing = max_missing
-        self.max_keys = max_keys
-        self.max_gap = max_gap
-        self.max_ranges = max_ranges
-        #: Streams forgotten to stay within ``max_keys``.
-        self.evicted = 0
-
-    def __len__(self) -> int:
-        return len(self._last)
-
-    def last_seq(self, key: Any) -> int | None:
-        """The highest sequence seen on ``key`` (None before the first batch)."""
-        last = self._last.get(key)
-        return None if last is None else last[0]
-
-    def _set(self, key: Any, seq: int, ts: float) -> None:
-        # Re-inserted so that dict order is least recently seen first (eviction order).
-        self._last.pop(key, None)
-        self._last[key] = (seq, ts)
-
-    def observe(self, key: Any, seq: int, ts: float) -> tuple[str, int]:
-        """Classify a batch; returns ``(outcome, missing)`` (missing > 0 only for ``gap``)."""
-        last = self._last.get(key)
-        if last is None:
-            if len(self._last) >= self.max_keys:
-                oldest = next(iter(self._last))
-                del self._last[oldest]
-                self._missing.pop(oldest, None)
-                self.evicted += 1
-            self._last[key] = (seq, ts)
-            return self.FIRST, 0
-        last_seq, last_ts = last
-        if seq == last_seq + 1:
-            self._set(key, seq, ts)
-            return self.OK, 0
-        if seq > last_seq:
-            self._set(key, seq, ts)
-            gap = seq - last_seq - 1
-            if gap > self.max_gap:
-                self._missing.pop(key, None)
-                return self.JUMP, 0
-            self._remember(key, max(last_seq + 1, seq - self.max_missing), seq)
-            return self.GAP, gap
-        if self._recover(key, seq):
-            return self.RECOVERED, 0
-        if ts > last_ts:
-            # Lower sequence but newer data: the engine restarted (its counter restarts at 0).
-            self._set(key, seq, ts)
-            self._missing.pop(key, None)
-            return self.RESTART, 0
-        return self.DUPLICATE, 0
-
-    def _remember(self, key: Any, start: int, end: int) -> None:
-        ranges = self._missing.setdefault(key, [])
-        ranges.append([start, end])  # gaps arrive in increasing order: the list stays sorted
-        total = sum(e - s for s, e in ranges)
-        # Keep the newest: replay buffers keep those.
-        while ranges and (total > self.max_missing or len(ranges) > self.max_ranges):
-            s, e = ranges[0]
-            cut = min(e - s, total - self.max_missing) if total > self.max_missing else e - s
-            total -= cut
-            if cut == e - s:
-                ranges.pop(0)
-            else:
-                ranges[0][0] = s + cut
-
-    def _recover(self, key: Any, seq: int) -> bool:
-        ranges = self._missing.get(key)
-        if not ranges:
-            return False
-        for i, (s, e) in enumerate(ranges):
-            if s <= seq < e:
-                pieces = [r for r in ([s, seq], [seq + 1, e]) if r[1] > r[0]]
-                ranges[i : i + 1] = pieces
-                return True
-        return False
 
 
 class KVSubscriber:
