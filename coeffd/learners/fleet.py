@@ -74,6 +74,7 @@ import numpy.typing as npt
 from coeffd.learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA
 from coeffd.learners.nnls import nnls_information
 from coeffd.learners.prior import DEFAULT_SIMILARITY_WEIGHTS, PooledPrior, prior_precision
+from coeffd.learners.targets import ALPHA_TARGETS
 
 if TYPE_CHECKING:
     from coeffd.learners.learnerset import LearnerSet
@@ -110,7 +111,6 @@ FLEET_SIMILARITY_WEIGHTS: dict[str, float] = DEFAULT_SIMILARITY_WEIGHTS | {
 POOLED_MAX_MEMBERS = 32
 #: Candidates for an unseen configuration, scored by LOCO, plus the reference.
 SOURCES: tuple[str, ...] = ("fleet", "fleet_local", "pooled_prior")
-_ALPHA_TARGETS = ("arrival_to_queued", "finished_to_departed", "output_token")
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ def member_stats(ls: LearnerSet) -> MemberStats | None:
         return None
     a, b = beta.data_information()
     aa, ab, an = [0.0] * 3, [0.0] * 3, [0.0] * 3
-    for j, t in enumerate(_ALPHA_TARGETS):
+    for j, t in enumerate(ALPHA_TARGETS):
         m = ls.learners.get(t)
         if m is not None and m.n_learned > 0:
             ma, mb = m.data_information()
@@ -274,7 +274,7 @@ class FleetModel:
         self.weights = self._weights([m.beta_n for m in self.members.values()])
         self._alpha_w = [
             self._weights([m.alpha_n[j] for m in self.members.values()])
-            for j in range(len(_ALPHA_TARGETS))
+            for j in range(len(ALPHA_TARGETS))
         ]
         # Stacked, pre-weighted statistics: a fit with per-member multipliers is then two
         # tensor contractions (a refit scores K configurations × 3 candidates, each a
@@ -412,8 +412,8 @@ class FleetModel:
 
     def fit_alpha(self, multipliers: Mapping[str, float] | None = None) -> FloatArray:
         """The α intercepts, fitted jointly the same way (one 1×1 system per target)."""
-        out = np.empty(len(_ALPHA_TARGETS))
-        for j in range(len(_ALPHA_TARGETS)):
+        out = np.empty(len(ALPHA_TARGETS))
+        for j in range(len(ALPHA_TARGETS)):
             a, b = self._alpha_p[j], self._alpha_p[j] * self._alpha0[j]
             for k, m in self.members.items():
                 f = 1.0 if multipliers is None else multipliers.get(k, 0.0)
