@@ -1,0 +1,424 @@
+"""The serve consumer: records → joiner → learners, on the pipeline worker.
+
+It is the one :class:`~daemon.app.Consumer` the pipeline worker drives, so nothing here
+needs a lock: the joiner, the learner registry, the snapshot store writer and the
+checkpoint writer all live on the worker thread. Readers (HTTP API, ``coeffd pull``,
+BLIS) only ever see files that were written atomically.
+
+This module routes observations to the learners; its neighbours do the rest: which
+configuration a source belongs to (:mod:`.configs`), the publish cadence
+(:mod:`.cadence`), checkpoints and write health (:mod:`.checkpoints`), freshness
+(:mod:`.freshness`) and the metric families (:mod:`.metrics`).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+import zlib
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import structlog
+
+from coeffd.daemon.checkpoint import CheckpointStore
+from coeffd.daemon.fleet import FleetPublisher
+from coeffd.daemon.learning.cadence import Publisher
+from coeffd.daemon.learning.checkpoints import Checkpointer, WriteHealth
+from coeffd.daemon.learning.configs import ConfigResolver
+from coeffd.daemon.learning.freshness import Freshness
+from coeffd.daemon.learning.metrics import SOURCES, ServeMetrics, describe_configuration
+from coeffd.daemon.publish.snapshot import PublishPolicy, Snapshot, SnapshotStore
+from coeffd.daemon.sampling import EngineSampler
+from coeffd.daemon.shedding import LoadShedder
+from coeffd.daemon.writer import Writer
+from coeffd.learners.features.config import ServingConfig
+from coeffd.learners.registry import ALPHA_TARGETS, LearnerRegistry, Scored
+from coeffd.receivers.joiner import Joiner
+from coeffd.receivers.otlp.decode import Decoder
+from coeffd.records.events import Record
+from coeffd.records.observations import (
+    KVTransferObservation,
+    Observation,
+    RequestObservation,
+    StepObservation,
+)
+
+__all__ = ["LearningConsumer"]
+
+log = structlog.get_logger(__name__)
+
+#: Shedding below this keep ratio is worth a warning; above it, it is routine trimming.
+_SHED_WARN_BELOW = 0.5
+
+
+class LearningConsumer:
+    """joiner → learner registry → snapshots / checkpoints / metrics (one worker thread)."""
+
+    def __init__(
+        self,
+        *,
+        joiner: Joiner,
+        registry: LearnerRegistry,
+        metrics: ServeMetrics,
+        resolver: ConfigResolver,
+        store: SnapshotStore | None = None,
+        checkpoints: CheckpointStore | None = None,
+        policy: PublishPolicy | None = None,
+        checkpoint_interval_s: float = 30.0,
+        clock: Callable[[], float] = time.time,
+        live: bool = True,
+        shedder: LoadShedder | None = None,
+        sampler: EngineSampler | None = None,
+        fleet: FleetPublisher | None = None,
+    ) -> None:
+        self.joiner = joiner
+        self.registry = registry
+        self.metrics = metrics
+        self.resolver = resolver
+        # Live telemetry's wall clocks track ours, so an idle engine's last steps are
+        # finalized once the window has passed in real time; a replay of old files must
+        # run on the data's own time (its watermarks) or everything would expire at once.
+        self.live = live
+        self._clock = clock
+        # Load shedding: ``backlog`` (queue fill 0..1) is wired by the app to its pipeline.
+        self.shedder = shedder
+        # one bound method, so the decoders see the same filter and skip rebuilding
+        self._keep = shedder.keep if shedder is not None else None
+        self.backlog: Callable[[], float] | None = None
+        #: Decoders of the app's receivers, wired like ``backlog``: they decode the steps
+        #: being shed partially (half the decode cost of the commonest record).
+        self.decoders: list[Decoder] = []
+        self._shedding = False
+        self._shed_warned = False  # a "learning behind" warning awaits its "caught up"
+        #: Engine sampling (past shedding): the app's decoders and KV subscribers consult
+        #: it for every source (it also keeps count of the engines heard from).
+        self.sampler = sampler
+        self._engine_share = 1.0
+        #: configuration id → what it stands for (checkpointed, described in snapshots)
+        self._configs: dict[str, ServingConfig] = {}
+        self.health = WriteHealth(metrics)
+        self.freshness = Freshness(metrics)
+        # File writes (fsync) happen on the writer's thread, never on the pipeline worker.
+        self.writer = Writer(
+            store,
+            checkpoints,
+            on_written=self._written,
+            on_refused=lambda snap, why: self.metrics.publish_refused.labels(snap.config_id).inc(),
+            on_checkpoint=self.health.checkpointed,
+            on_failed=self.health.failed,
+        )
+        self.publisher = Publisher(
+            registry=registry,
+            metrics=metrics,
+            store=store,
+            policy=policy or PublishPolicy(interval_s=1.0, relative_threshold=0.02),
+            writer=self.writer,
+            freshness=self.freshness,
+            configs=self._configs,
+            fleet=fleet,
+        )
+        self.checkpointer = Checkpointer(
+            store=checkpoints,
+            registry=registry,
+            metrics=metrics,
+            configs=self._configs,
+            writer=self.writer,
+            interval_s=checkpoint_interval_s,
+            clock=clock,
+        )
+        # KV transfers of engines whose spans have not been seen yet (bounded, oldest out).
+        self._unresolved_kv: collections.deque[KVTransferObservation] = collections.deque(
+            maxlen=10_000
+        )
+        self.records = 0
+        self.shed_requests = 0  # request observations built but not learned
+        self._shed_exported = {"step": 0, "request": 0}  # what the counter shows
+        self.observations = 0
+        #: Whether :meth:`restore` found learner state of an earlier run.
+        self.restored = False
+        #: The fleet model (snapshot ``fleet``, ``/v1/predict``), refitted on its cadence.
+        self.fleet = fleet
+
+    # ------------------------------------------------------------------ state
+    def restore(self) -> bool:
+        """Load the newest good checkpoint (if any); True when state was restored."""
+        if self.checkpointer.restore():
+            self.restored = True
+        return self.restored
+
+    def checkpoint(self) -> None:
+        """Checkpoint the learners' state now (see :class:`.checkpoints.Checkpointer`)."""
+        self.checkpointer.checkpoint()
+
+    def checkpoint_problem(self) -> str | None:
+        """Readiness: why the last checkpoint write failed (None when it worked)."""
+        return self.health.checkpoint_problem()
+
+    def snapshot_problem(self) -> str | None:
+        """Readiness: the configurations whose last snapshot write failed (None if none)."""
+        return self.health.snapshot_problem()
+
+    def publish_due(self, now: float, force: bool = False) -> None:
+        """Publish every configuration whose learners moved and whose policy says so."""
+        self.publisher.publish_due(now, force)
+
+    @property
+    def published(self) -> int:
+        """Snapshots handed to the writer (configurations and the fleet model)."""
+        return self.publisher.published
+
+    def _written(self, snap: Snapshot, at: float) -> None:
+        """Writer thread: a snapshot is on disk."""
+        self.health.written(snap)
+        self.freshness.written(snap, at)
+
+    # --------------------------------------------------------------- consumer
+    def consume(self, records: Sequence[Record]) -> None:
+        """Join a batch of records and learn every observation it completes."""
+        self.records += len(records)
+        now = self._clock()
+        self.freshness.arrived(records, now, self._keep if self._shedding else None)
+        self._shed_check()
+        self._learn(self.joiner.push_many(records), now)
+        self._shed_count()
+
+    def tick(self, now: float) -> None:
+        """Expire join state, publish what is due, checkpoint on cadence."""
+        t0 = time.perf_counter()
+        try:
+            self._tick(now)
+        finally:
+            if self.shedder is not None:
+                self.shedder.observe_tick(time.perf_counter() - t0)
+
+    def _tick(self, now: float) -> None:
+        self._shed_check()
+        self._engine_gauges()
+        self._learn(self.joiner.tick(int(now * 1e9) if self.live else None), now)
+        self._shed_count()
+        self.publisher.publish_due(now)
+        self.publisher.publish_fleet(now)
+        if self.checkpointer.due(now):
+            self.checkpointer.checkpoint()
+
+    def close(self) -> None:
+        """Flush the joiner, learn the rest, publish and checkpoint a last time."""
+        now = self._clock()
+        self._shed_check()
+        self._learn(self.joiner.flush(), now)
+        self._shed_count()
+        self.publisher.publish_due(now, force=True)
+        self.publisher.publish_fleet(now, force=True)
+        if self.records:
+            # Nothing consumed: what is on disk already is this state, and a start that
+            # failed (a port in use) must leave no files behind.
+            self.checkpointer.checkpoint()
+        self.writer.close()
+        log.info(
+            "learning consumer closed",
+            records=self.records,
+            observations=self.observations,
+            snapshots_published=self.published,
+            configurations=len(self.registry),
+            unresolved_kv=len(self._unresolved_kv),
+        )
+
+    # ---------------------------------------------------------------- learning
+    def _learn(self, observations: Iterable[Observation], now: float) -> None:
+        resolved_any = False
+        # Step observations come in bursts (a joiner sweep): each configuration's are
+        # learned in one vectorised call, the same computation as one by one.
+        steps: dict[str, tuple[ServingConfig, list[StepObservation]]] = {}
+        keep = self._keep if self._shedding else None
+        for obs in observations:
+            cfg = self.resolver.resolve(obs.source)
+            if cfg is None:
+                if isinstance(obs, KVTransferObservation):
+                    if len(self._unresolved_kv) == self._unresolved_kv.maxlen:
+                        self.metrics.unresolved.labels("kv_engine_unknown").inc()
+                    self._unresolved_kv.append(obs)
+                else:
+                    self.metrics.unresolved.labels(self.resolver.reason(obs.source)).inc()
+                continue
+            resolved_any = True
+            cid = cfg.id
+            if cid not in self._configs:
+                self._configs[cid] = cfg
+                describe_configuration(self.metrics, cfg)
+            if isinstance(obs, StepObservation):
+                steps.setdefault(cid, (cfg, []))[1].append(obs)
+                continue
+            # crc32: a hash stable across processes (str hashes are salted), so a replay
+            # at the same share learns the same requests
+            if (
+                keep is not None
+                and isinstance(obs, RequestObservation)
+                and not keep(zlib.crc32(obs.request_id.encode()))
+            ):
+                self.shed_requests += 1
+                continue
+            scored = self.registry.learn(cfg, obs)
+            if scored:
+                self.observations += 1
+                self.publisher.pending(cid, now)
+                for s in scored:
+                    self._record(cid, s)
+        for cid, (cfg, batch) in steps.items():
+            scored = self.registry.learn_steps(cfg, batch)
+            if not scored:
+                continue
+            self.observations += len(scored)
+            p = self.publisher.pending(cid, now)
+            t = self.freshness.first_step_arrival(batch)
+            if t is not None and (p.first_step_arrival is None or t < p.first_step_arrival):
+                p.first_step_arrival = t
+            self._record_steps(cid, scored)
+        self.metrics.configurations.set(len(self.registry))
+        if resolved_any and self._unresolved_kv:
+            self._retry_kv(now)
+
+    def _shed_check(self) -> None:
+        """Set the shedder's share from the backlog; the decoders, the joiner and
+        :meth:`_learn` skip the steps and requests it drops. Then steer engine sampling
+        from the backlog and that share (without a shedder, step learning is whole)."""
+        if self.backlog is None:
+            return
+        backlog = self.backlog()
+        ratio = self._shed_steps(backlog) if self.shedder is not None else 1.0
+        if self.sampler is not None:
+            self._sample_check(self.sampler, backlog, ratio)
+
+    def _shed_steps(self, backlog: float) -> float:
+        assert self.shedder is not None
+        ratio = self.shedder.update(backlog)
+        self.metrics.keep_ratio.set(ratio)
+        shedding = ratio < 1.0
+        keep = self._keep if shedding else None
+        self.joiner.step_filter = keep
+        for d in self.decoders:
+            d.step_filter = keep
+        self._shedding = shedding
+        # Warn only when learning is really behind: a long tick alone (a checkpoint, a
+        # burst of publishes) trims the share to ~0.98 with an empty queue, which is
+        # routine and visible in coeffd_learning_keep_ratio; catching up is good news.
+        if ratio < _SHED_WARN_BELOW and not self._shed_warned:
+            self._shed_warned = True
+            log.warning(
+                "learning behind: shedding step and request observations",
+                keep_ratio=round(ratio, 3),
+                backlog=round(backlog, 3),
+                shed_total=self.shed,
+            )
+        elif not shedding and self._shed_warned:
+            self._shed_warned = False
+            log.info(
+                "learning caught up: learning every observation",
+                backlog=round(backlog, 3),
+                shed_total=self.shed,
+            )
+        return ratio
+
+    def _sample_check(self, sampler: EngineSampler, backlog: float, ratio: float) -> None:
+        """Steer engine sampling (the receivers consult the sampler itself)."""
+        share = sampler.update(backlog, ratio)
+        if share == self._engine_share:
+            return
+        self.metrics.engine_share.set(share)
+        (log.warning if share < self._engine_share else log.info)(
+            "learning at its floor and still behind: joining a share of the engines"
+            if share < self._engine_share
+            else "caught up: joining more engines",
+            engine_share=share,
+            previous=self._engine_share,
+            backlog=round(backlog, 3),
+            keep_ratio=round(ratio, 3),
+        )
+        self._engine_share = share
+        self._engine_gauges()
+
+    def _engine_gauges(self) -> None:
+        if self.sampler is None:
+            return
+        kept, known = self.sampler.engines()
+        self.metrics.engines.labels("joined").set(kept)
+        self.metrics.engines.labels("sampled_out").set(known - kept)
+
+    @property
+    def shed(self) -> int:
+        """Steps neither joined nor learned (load shedding): the joiner's own tally."""
+        return self.joiner.metrics.outcomes[("step", "shed")]
+
+    def _shed_count(self) -> None:
+        """Bring ``coeffd_observations_shed_total`` up to the steps and requests shed."""
+        for kind, total in (("step", self.shed), ("request", self.shed_requests)):
+            done = self._shed_exported[kind]
+            if total > done:
+                self.metrics.shed.labels(kind).inc(total - done)
+                self._shed_exported[kind] = total
+
+    def _retry_kv(self, now: float) -> None:
+        pending = list(self._unresolved_kv)
+        self._unresolved_kv.clear()
+        ready: list[KVTransferObservation] = []
+        for o in pending:
+            if self.resolver.resolve(o.source) is not None:
+                ready.append(o)
+            else:
+                self._unresolved_kv.append(o)
+        if ready:
+            self._learn(ready, now)
+
+    def _record(self, cid: str, s: Scored) -> None:
+        self.metrics.learner_observations.labels(cid, s.target).inc()
+        y = s.y
+        if not (y > 0 and math.isfinite(y)):
+            return
+        for source, yhat in s.predictions.items():
+            if source not in SOURCES or yhat is None or not math.isfinite(yhat):
+                continue
+            self.metrics.relative_error.observe((cid, s.target, source), abs(y - yhat) / y)
+
+    def _record_steps(self, cid: str, scored: list[Scored]) -> None:
+        """:meth:`_record` for a batch of step scores (one histogram update per source)."""
+        target = scored[0].target
+        if any(s.target != target for s in scored):
+            for s in scored:
+                self._record(cid, s)
+            return
+        self.metrics.learner_observations.labels(cid, target).inc(len(scored))
+        y = np.array([s.y for s in scored])
+        good = (y > 0) & np.isfinite(y)
+        for source in SOURCES:
+            yhat = np.array([s.predictions.get(source, math.nan) for s in scored])
+            ok = good & np.isfinite(yhat)
+            if ok.any():
+                rel = np.abs(y[ok] - yhat[ok]) / y[ok]
+                self.metrics.relative_error.observe_many((cid, target, source), rel)
+
+    # ---------------------------------------------------------------- views
+    def live_rows(self) -> list[dict[str, Any]]:
+        """One row per configuration for a compact live view (demo)."""
+        rows = []
+        ev = self.registry.evaluator
+        for cid in self.registry.ids():
+            ls = self.registry.get(cid)
+            if ls is None:
+                continue
+            drift = sum(m.drift.detections for m in ls.learners.values() if m.drift is not None)
+            alpha = self.registry.snapshot(cid).alpha
+            rows.append(
+                {
+                    "config": cid,
+                    "label": ls.config.short_label,
+                    "observations": ls.observations,
+                    "step_mape": ev.mape(cid, "step_period", "learned"),
+                    "step_mape_default": ev.mape(cid, "step_period", "blis_default"),
+                    "alpha_mape": [ev.mape(cid, t, "learned") for t in ALPHA_TARGETS],
+                    "alpha": list(alpha),
+                    "drift": drift,
+                }
+            )
+        return rows

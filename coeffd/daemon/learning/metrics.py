@@ -1,0 +1,178 @@
+"""Learning-side metric families (names: CONTRIBUTING.md), on the app's registry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+from coeffd.daemon.batchhist import BatchHistogram
+from coeffd.learners.features.config import ServingConfig
+
+__all__ = ["ERROR_HISTOGRAM_BUCKETS", "SOURCES", "ServeMetrics", "describe_configuration"]
+
+#: Relative errors of step periods sit around the noise (a few %); defaults are often
+#: off by 30-300 %: buckets cover both ends.
+_ERROR_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
+_FRESHNESS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0)
+#: Prediction sources exported as the ``coefficients`` label (bounded).
+SOURCES = ("learned", "blis_default", "batch_refit", "learned_extended")
+
+
+#: ``http.error_histograms``: per-configuration error histogram buckets (``off``: none).
+ERROR_HISTOGRAM_BUCKETS: dict[str, tuple[float, ...]] = {
+    "full": _ERROR_BUCKETS,
+    "coarse": (0.02, 0.05, 0.1, 0.3),
+}
+
+
+class _NoHistogram:
+    """``http.error_histograms = "off"``: the rolling MAPE gauges only."""
+
+    def observe(self, key: tuple[str, ...], value: float) -> None:
+        pass
+
+    def observe_many(self, key: tuple[str, ...], values: Any) -> None:
+        pass
+
+
+class ServeMetrics:
+    """Learning-side metric families (names: CONTRIBUTING.md), on the app's registry.
+
+    ``error_histograms`` (``full``, ``coarse``, ``off``) sizes the per-configuration
+    prediction-error histograms, most of a configuration's series (README, Settings).
+    """
+
+    def __init__(self, registry: CollectorRegistry, error_histograms: str = "full") -> None:
+        self.relative_error: BatchHistogram | _NoHistogram = _NoHistogram()
+        if error_histograms != "off":
+            self.relative_error = BatchHistogram(
+                "coeffd_prediction_relative_error",
+                "|measured - predicted| / measured of every observation, predicted before "
+                "learning.",
+                ["config", "target", "coefficients"],
+                ERROR_HISTOGRAM_BUCKETS[error_histograms],
+                registry,
+            )
+        self.configuration_info = Info(
+            "coeffd_configuration",
+            "What each configuration id stands for (model, GPU, TP, knobs), for dashboards.",
+            ["config"],
+            registry=registry,
+        )
+        self.mape = Gauge(
+            "coeffd_prediction_mape",
+            "Rolling mean absolute percentage error (fraction) per configuration and target.",
+            ["config", "target", "coefficients"],
+            registry=registry,
+        )
+        self.step_time_std = Gauge(
+            "coeffd_step_time_standard_error_ratio",
+            "Estimated error of the published beta against the noiseless truth: relative "
+            "standard error of its predicted step time on a fixed set of batches per regime.",
+            ["config", "regime"],
+            registry=registry,
+        )
+        self.coefficient = Gauge(
+            "coeffd_coefficient_value",
+            "Published coefficient values (BLIS order and units).",
+            ["config", "vector", "index"],
+            registry=registry,
+        )
+        self.learner_observations = Counter(
+            "coeffd_learner_observations_total",
+            "Observations learned, per configuration and target.",
+            ["config", "target"],
+            registry=registry,
+        )
+        self.drift = Counter(
+            "coeffd_drift_detections_total",
+            "Drift detections on learner residuals.",
+            ["config", "target"],
+            registry=registry,
+        )
+        self.unresolved = Counter(
+            "coeffd_observations_unconfigured_total",
+            "Observations skipped because their source names no usable configuration.",
+            ["reason"],
+            registry=registry,
+        )
+        self.configurations = Gauge(
+            "coeffd_configurations", "Configurations with live learners.", registry=registry
+        )
+        self.freshness = Histogram(
+            "coeffd_snapshot_freshness_seconds",
+            "Time from an observation's arrival to the first snapshot that includes it.",
+            buckets=_FRESHNESS_BUCKETS,
+            registry=registry,
+        )
+        self.step_freshness = Histogram(
+            "coeffd_step_freshness_seconds",
+            "Time from a step summary's arrival to the first snapshot learned from it "
+            "(includes the joiner's wait for the journey events around the step).",
+            buckets=(*_FRESHNESS_BUCKETS, 120.0, 300.0),
+            registry=registry,
+        )
+        self.publish_refused = Counter(
+            "coeffd_snapshot_refused_total",
+            "Snapshots not published because the vector was invalid for BLIS.",
+            ["config"],
+            registry=registry,
+        )
+        self.checkpoints = Counter(
+            "coeffd_checkpoints_total", "Checkpoints written.", registry=registry
+        )
+        self.checkpoint_failures = Counter(
+            "coeffd_checkpoint_failures_total",
+            "Checkpoint writes that failed (disk full, read-only, permissions): learning "
+            "since the last good one is lost on a restart.",
+            registry=registry,
+        )
+        self.snapshot_write_failures = Counter(
+            "coeffd_snapshot_write_failures_total",
+            "Snapshot writes that failed (disk full, read-only, permissions); refusals of "
+            "invalid vectors are coeffd_snapshot_refused_total.",
+            ["config"],
+            registry=registry,
+        )
+        self.checkpoint_unusable = Counter(
+            "coeffd_checkpoint_unusable_total",
+            "Checkpoint files found unusable at start-up, by file (latest, previous) and "
+            "reason (unreadable, corrupt, invalid_content); the next one was tried.",
+            ["file", "reason"],
+            registry=registry,
+        )
+        self.shed = Counter(
+            "coeffd_observations_shed_total",
+            "Observations not learned because learning fell behind, by kind: steps are "
+            "shed before joining, requests before learning (pipeline.shed_learning).",
+            ["kind"],
+            registry=registry,
+        )
+        self.keep_ratio = Gauge(
+            "coeffd_learning_keep_ratio",
+            "Share of step and request observations being learned (1 = all; below 1 = "
+            "shedding load).",
+            registry=registry,
+        )
+        self.keep_ratio.set(1.0)
+        self.engine_share = Gauge(
+            "coeffd_engine_sample_share",
+            "Share of each configuration's engines whose telemetry is decoded and joined "
+            "(1 = all; below 1 = engine sampling, pipeline.sample_engines).",
+            registry=registry,
+        )
+        self.engine_share.set(1.0)
+        self.engines = Gauge(
+            "coeffd_engines",
+            "Engines heard from within the sampler's idle time, by state: joined or "
+            "sampled_out (engine sampling).",
+            ["state"],
+            registry=registry,
+        )
+
+
+def describe_configuration(metrics: ServeMetrics, cfg: ServingConfig) -> None:
+    """Export ``coeffd_configuration_info{config, model, gpu, tp, …} 1`` for ``cfg``."""
+    labels = {k: v for k, v in cfg.labels.items() if k != "config"}
+    metrics.configuration_info.labels(cfg.id).info(labels)
