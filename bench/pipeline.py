@@ -44,9 +44,8 @@ from prometheus_client import CollectorRegistry
 
 from bench.serve import RATES, LiveSender, record
 from coeffd.daemon.commands.serve import build_consumer
-from coeffd.daemon.sampling import EngineSampler
+from coeffd.daemon.load import EngineSampler, LoadController, LoadShedder
 from coeffd.daemon.settings import load_settings
-from coeffd.daemon.shedding import LoadShedder
 from coeffd.receivers.joiner import Joiner
 from coeffd.receivers.otlp.decode import Decoder
 
@@ -74,10 +73,13 @@ def render(copies: int, seconds: float, quick: bool) -> list[Body]:
     return out
 
 
-def _floor_shedder() -> LoadShedder:
+def _floor_load() -> LoadController:
+    """A load controller at the consumer's 1/32 floor (a full queue), set quietly."""
     shedder = LoadShedder(0.1, 0.5, 1 / 32, 0.0)
     shedder.update(1.0)  # a full queue: the floor
-    return shedder
+    load = LoadController(shedder=shedder)
+    load.step_filter = shedder.keep
+    return load
 
 
 def _sampler(share: float) -> EngineSampler:
@@ -98,10 +100,10 @@ def run_variant(name: str, bodies: list[Body], warm_s: float, tmp: Path) -> tupl
     tick: Callable[[float], object] = lambda now: None  # noqa: E731
     close: Callable[[], object] = lambda: None  # noqa: E731
     if name in ("decode", "join"):
-        dec.step_filter = _floor_shedder().keep
+        load = _floor_load()
+        dec.step_filter = load.step_filter
     if name == "join":
-        joiner = Joiner()
-        joiner.step_filter = dec.step_filter
+        joiner = Joiner(load=load)
         handle = joiner.push_many
         tick = lambda now: joiner.tick(int(now * 1e9))  # noqa: E731
     elif name != "decode":

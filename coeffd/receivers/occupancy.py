@@ -4,7 +4,7 @@ A receiver thread pool with every worker busy queues the next request before our
 sees it: the exporters then wait (their requests leave late, time out, and are dropped by
 vLLM's ``BatchSpanProcessor``). The pipeline queue does not show this when the receivers
 are the ones falling behind — they share one interpreter with the pipeline worker — so
-engine sampling (``daemon.sampling``) watches this share too.
+the daemon's load controller (``daemon.load``) watches this share too.
 
 >>> t = [0.0]
 >>> occ = Occupancy(workers=2, clock=lambda: t[0])

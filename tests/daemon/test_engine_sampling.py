@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from coeffd.daemon.commands.serve import build_consumer
 from coeffd.daemon.learning import LearningConsumer
-from coeffd.daemon.sampling import EngineSampler, engine_hash
+from coeffd.daemon.load.sampling import EngineSampler, engine_hash
 from coeffd.daemon.settings import SettingsError, load_settings
 from coeffd.receivers.kv.subscriber import source_from_attributes
 from coeffd.receivers.otlp.decode import Decoder

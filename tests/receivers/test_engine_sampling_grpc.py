@@ -12,7 +12,7 @@ from test_sdk_export import exporter
 from vllm_spans import emit_engine
 
 from coeffd.daemon.app import App, CountingConsumer
-from coeffd.daemon.sampling import EngineSampler, engine_hash
+from coeffd.daemon.load.sampling import EngineSampler, engine_hash
 
 _HALF = 1 << 31
 

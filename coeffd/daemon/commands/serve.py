@@ -20,10 +20,9 @@ from coeffd.daemon.checkpoint import CheckpointStore
 from coeffd.daemon.commands.common import EXIT_USAGE, add_settings_arguments, settings_from_args
 from coeffd.daemon.fleet import FleetPublisher
 from coeffd.daemon.learning import ConfigResolver, LearningConsumer, ServeMetrics
+from coeffd.daemon.load import LoadController
 from coeffd.daemon.publish.snapshot import PublishPolicy, SnapshotStore
-from coeffd.daemon.sampling import EngineSampler
-from coeffd.daemon.settings import PipelineSettings, Settings
-from coeffd.daemon.shedding import LoadShedder
+from coeffd.daemon.settings import Settings
 from coeffd.learners.features.config import BasisResolver
 from coeffd.learners.registry import LearnerRegistry
 from coeffd.receivers.joiner import Joiner, JoinerMetrics
@@ -76,8 +75,9 @@ def build_consumer(
         hardware_dir=settings.catalog.hardware_dir or None,
     )
     learners = LearnerRegistry(settings.learners, resolver=bases)
+    load = LoadController.from_settings(settings.pipeline, registry)
     consumer = LearningConsumer(
-        joiner=Joiner(settings.joiner, JoinerMetrics(registry)),
+        joiner=Joiner(settings.joiner, JoinerMetrics(registry), load=load),
         registry=learners,
         metrics=ServeMetrics(registry, settings.http.error_histograms),
         # telemetry names models and GPUs: unknown names are skipped and counted
@@ -92,35 +92,12 @@ def build_consumer(
         ),
         checkpoint_interval_s=settings.state.checkpoint_interval_seconds,
         live=live,
-        shedder=LoadShedder(
-            settings.pipeline.shed_start,
-            settings.pipeline.shed_full,
-            settings.pipeline.shed_min_keep,
-            settings.pipeline.shed_tick_budget * settings.pipeline.tick_interval_seconds,
-        )
-        if settings.pipeline.shed_learning
-        else None,
-        sampler=_sampler(settings.pipeline),
+        load=load,
         fleet=FleetPublisher(learners, registry),
     )
     if checkpoints is not None and settings.state.restore:
         consumer.restore()
     return consumer, store
-
-
-def _sampler(p: PipelineSettings) -> EngineSampler | None:
-    if not p.sample_engines:
-        return None
-    return EngineSampler(
-        high=p.sample_engines_at,
-        low=p.shed_start,
-        min_share=p.sample_engines_min_share,
-        min_engines=p.sample_engines_min_per_config,
-        up_hold_s=p.sample_engines_recover_seconds,
-        cpu_high=p.sample_engines_cpu,
-        # without learning's shedding, engine sampling is the first resort
-        step_floor=p.shed_min_keep if p.shed_learning else 1.0,
-    )
 
 
 def build_app(
@@ -133,12 +110,13 @@ def build_app(
     consumer, store = build_consumer(settings, registry, live=live)
     app = App(settings, consumer=consumer, registry=registry)
     pipeline = app.pipeline
-    consumer.backlog = lambda: pipeline.depth / pipeline.capacity
-    consumer.decoders.append(app.decoder)
-    if consumer.sampler is not None:
-        app.decoder.source_filter = consumer.sampler.keep
-        app.kv_engine_filter = consumer.sampler.keep_engine
-        consumer.sampler.receivers_full = app.grpc_occupancy.full_share
+    # the load controller's signals, and what the receivers ask it
+    load = consumer.load
+    load.backlog = lambda: pipeline.depth / pipeline.capacity
+    load.receivers_full = app.grpc_occupancy.full_share
+    load.decoders.append(app.decoder)
+    app.decoder.source_filter = load.source_filter
+    app.kv_engine_filter = load.engine_filter
     api.mount(app.router, store, consumer.fleet)
     # Failed writes make /readyz fail (an operator alerts on it) until a write works.
     app.add_readiness_check("checkpoints", consumer.checkpoint_problem)

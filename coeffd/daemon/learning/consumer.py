@@ -16,7 +16,6 @@ from __future__ import annotations
 import collections
 import math
 import time
-import zlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -30,9 +29,8 @@ from coeffd.daemon.learning.checkpoints import Checkpointer, WriteHealth
 from coeffd.daemon.learning.configs import ConfigResolver
 from coeffd.daemon.learning.freshness import Freshness
 from coeffd.daemon.learning.metrics import SOURCES, ServeMetrics, describe_configuration
+from coeffd.daemon.load import EngineSampler, LoadController, LoadShedder
 from coeffd.daemon.publish.snapshot import PublishPolicy, Snapshot, SnapshotStore
-from coeffd.daemon.sampling import EngineSampler
-from coeffd.daemon.shedding import LoadShedder
 from coeffd.daemon.writer import Writer
 from coeffd.learners.features.config import ServingConfig
 from coeffd.learners.registry import ALPHA_TARGETS, LearnerRegistry, Scored
@@ -49,9 +47,6 @@ from coeffd.records.observations import (
 __all__ = ["LearningConsumer"]
 
 log = structlog.get_logger(__name__)
-
-#: Shedding below this keep ratio is worth a warning; above it, it is routine trimming.
-_SHED_WARN_BELOW = 0.5
 
 
 class LearningConsumer:
@@ -70,8 +65,7 @@ class LearningConsumer:
         checkpoint_interval_s: float = 30.0,
         clock: Callable[[], float] = time.time,
         live: bool = True,
-        shedder: LoadShedder | None = None,
-        sampler: EngineSampler | None = None,
+        load: LoadController | None = None,
         fleet: FleetPublisher | None = None,
     ) -> None:
         self.joiner = joiner
@@ -83,20 +77,11 @@ class LearningConsumer:
         # run on the data's own time (its watermarks) or everything would expire at once.
         self.live = live
         self._clock = clock
-        # Load shedding: ``backlog`` (queue fill 0..1) is wired by the app to its pipeline.
-        self.shedder = shedder
-        # one bound method, so the decoders see the same filter and skip rebuilding
-        self._keep = shedder.keep if shedder is not None else None
-        self.backlog: Callable[[], float] | None = None
-        #: Decoders of the app's receivers, wired like ``backlog``: they decode the steps
-        #: being shed partially (half the decode cost of the commonest record).
-        self.decoders: list[Decoder] = []
-        self._shedding = False
-        self._shed_warned = False  # a "learning behind" warning awaits its "caught up"
-        #: Engine sampling (past shedding): the app's decoders and KV subscribers consult
-        #: it for every source (it also keeps count of the engines heard from).
-        self.sampler = sampler
-        self._engine_share = 1.0
+        #: What is decoded, joined and learned under load: the consumer steers it from
+        #: the worker and asks it which requests to learn; the joiner asks it too.
+        self.load = load if load is not None else LoadController()
+        if joiner.load is None:
+            joiner.load = self.load
         #: configuration id → what it stands for (checkpointed, described in snapshots)
         self._configs: dict[str, ServingConfig] = {}
         self.health = WriteHealth(metrics)
@@ -134,8 +119,6 @@ class LearningConsumer:
             maxlen=10_000
         )
         self.records = 0
-        self.shed_requests = 0  # request observations built but not learned
-        self._shed_exported = {"step": 0, "request": 0}  # what the counter shows
         self.observations = 0
         #: Whether :meth:`restore` found learner state of an earlier run.
         self.restored = False
@@ -175,15 +158,54 @@ class LearningConsumer:
         self.health.written(snap)
         self.freshness.written(snap, at)
 
+    # ------------------------------------------------- load (the controller's)
+    @property
+    def shedder(self) -> LoadShedder | None:
+        """The load controller's step/request share."""
+        return self.load.shedder
+
+    @property
+    def sampler(self) -> EngineSampler | None:
+        """The load controller's engine share."""
+        return self.load.sampler
+
+    @sampler.setter
+    def sampler(self, sampler: EngineSampler | None) -> None:
+        self.load.sampler = sampler
+
+    @property
+    def backlog(self) -> Callable[[], float] | None:
+        """The load controller's backlog signal (queue fill 0..1)."""
+        return self.load.backlog
+
+    @backlog.setter
+    def backlog(self, signal: Callable[[], float] | None) -> None:
+        self.load.backlog = signal
+
+    @property
+    def decoders(self) -> list[Decoder]:
+        """The decoders the load controller hands its step filter to."""
+        return self.load.decoders
+
+    @property
+    def shed(self) -> int:
+        """Steps neither joined nor learned (load shedding): the joiner's tally."""
+        return self.load.shed_total["step"]
+
+    @property
+    def shed_requests(self) -> int:
+        """Request observations built but not learned (load shedding)."""
+        return self.load.shed_total["request"]
+
     # --------------------------------------------------------------- consumer
     def consume(self, records: Sequence[Record]) -> None:
         """Join a batch of records and learn every observation it completes."""
         self.records += len(records)
         now = self._clock()
-        self.freshness.arrived(records, now, self._keep if self._shedding else None)
-        self._shed_check()
+        self.freshness.arrived(records, now, self.load.step_filter)
+        self.load.steer()
         self._learn(self.joiner.push_many(records), now)
-        self._shed_count()
+        self.load.count()
 
     def tick(self, now: float) -> None:
         """Expire join state, publish what is due, checkpoint on cadence."""
@@ -191,14 +213,13 @@ class LearningConsumer:
         try:
             self._tick(now)
         finally:
-            if self.shedder is not None:
-                self.shedder.observe_tick(time.perf_counter() - t0)
+            self.load.observe_tick(time.perf_counter() - t0)
 
     def _tick(self, now: float) -> None:
-        self._shed_check()
-        self._engine_gauges()
+        self.load.steer()
+        self.load.gauge_engines()
         self._learn(self.joiner.tick(int(now * 1e9) if self.live else None), now)
-        self._shed_count()
+        self.load.count()
         self.publisher.publish_due(now)
         self.publisher.publish_fleet(now)
         if self.checkpointer.due(now):
@@ -207,9 +228,9 @@ class LearningConsumer:
     def close(self) -> None:
         """Flush the joiner, learn the rest, publish and checkpoint a last time."""
         now = self._clock()
-        self._shed_check()
+        self.load.steer()
         self._learn(self.joiner.flush(), now)
-        self._shed_count()
+        self.load.count()
         self.publisher.publish_due(now, force=True)
         self.publisher.publish_fleet(now, force=True)
         if self.records:
@@ -232,7 +253,7 @@ class LearningConsumer:
         # Step observations come in bursts (a joiner sweep): each configuration's are
         # learned in one vectorised call, the same computation as one by one.
         steps: dict[str, tuple[ServingConfig, list[StepObservation]]] = {}
-        keep = self._keep if self._shedding else None
+        keep_request = self.load.keep_request if self.load.step_filter is not None else None
         for obs in observations:
             cfg = self.resolver.resolve(obs.source)
             if cfg is None:
@@ -251,14 +272,11 @@ class LearningConsumer:
             if isinstance(obs, StepObservation):
                 steps.setdefault(cid, (cfg, []))[1].append(obs)
                 continue
-            # crc32: a hash stable across processes (str hashes are salted), so a replay
-            # at the same share learns the same requests
             if (
-                keep is not None
+                keep_request is not None
                 and isinstance(obs, RequestObservation)
-                and not keep(zlib.crc32(obs.request_id.encode()))
+                and not keep_request(obs.request_id)
             ):
-                self.shed_requests += 1
                 continue
             scored = self.registry.learn(cfg, obs)
             if scored:
@@ -279,85 +297,6 @@ class LearningConsumer:
         self.metrics.configurations.set(len(self.registry))
         if resolved_any and self._unresolved_kv:
             self._retry_kv(now)
-
-    def _shed_check(self) -> None:
-        """Set the shedder's share from the backlog; the decoders, the joiner and
-        :meth:`_learn` skip the steps and requests it drops. Then steer engine sampling
-        from the backlog and that share (without a shedder, step learning is whole)."""
-        if self.backlog is None:
-            return
-        backlog = self.backlog()
-        ratio = self._shed_steps(backlog) if self.shedder is not None else 1.0
-        if self.sampler is not None:
-            self._sample_check(self.sampler, backlog, ratio)
-
-    def _shed_steps(self, backlog: float) -> float:
-        assert self.shedder is not None
-        ratio = self.shedder.update(backlog)
-        self.metrics.keep_ratio.set(ratio)
-        shedding = ratio < 1.0
-        keep = self._keep if shedding else None
-        self.joiner.step_filter = keep
-        for d in self.decoders:
-            d.step_filter = keep
-        self._shedding = shedding
-        # Warn only when learning is really behind: a long tick alone (a checkpoint, a
-        # burst of publishes) trims the share to ~0.98 with an empty queue, which is
-        # routine and visible in coeffd_learning_keep_ratio; catching up is good news.
-        if ratio < _SHED_WARN_BELOW and not self._shed_warned:
-            self._shed_warned = True
-            log.warning(
-                "learning behind: shedding step and request observations",
-                keep_ratio=round(ratio, 3),
-                backlog=round(backlog, 3),
-                shed_total=self.shed,
-            )
-        elif not shedding and self._shed_warned:
-            self._shed_warned = False
-            log.info(
-                "learning caught up: learning every observation",
-                backlog=round(backlog, 3),
-                shed_total=self.shed,
-            )
-        return ratio
-
-    def _sample_check(self, sampler: EngineSampler, backlog: float, ratio: float) -> None:
-        """Steer engine sampling (the receivers consult the sampler itself)."""
-        share = sampler.update(backlog, ratio)
-        if share == self._engine_share:
-            return
-        self.metrics.engine_share.set(share)
-        (log.warning if share < self._engine_share else log.info)(
-            "learning at its floor and still behind: joining a share of the engines"
-            if share < self._engine_share
-            else "caught up: joining more engines",
-            engine_share=share,
-            previous=self._engine_share,
-            backlog=round(backlog, 3),
-            keep_ratio=round(ratio, 3),
-        )
-        self._engine_share = share
-        self._engine_gauges()
-
-    def _engine_gauges(self) -> None:
-        if self.sampler is None:
-            return
-        kept, known = self.sampler.engines()
-        self.metrics.engines.labels("joined").set(kept)
-        self.metrics.engines.labels("sampled_out").set(known - kept)
-
-    @property
-    def shed(self) -> int:
-        """Steps neither joined nor learned (load shedding): the joiner's own tally."""
-        return self.joiner.metrics.outcomes[("step", "shed")]
-
-    def _shed_count(self) -> None:
-        """Bring ``coeffd_observations_shed_total`` up to the steps and requests shed."""
-        for kind, total in (("step", self.shed), ("request", self.shed_requests)):
-            done = self._shed_exported[kind]
-            if total > done:
-                self.metrics.shed.labels(kind).inc(total - done)
-                self._shed_exported[kind] = total
 
     def _retry_kv(self, now: float) -> None:
         pending = list(self._unresolved_kv)

@@ -142,34 +142,6 @@ class ServeMetrics:
             ["file", "reason"],
             registry=registry,
         )
-        self.shed = Counter(
-            "coeffd_observations_shed_total",
-            "Observations not learned because learning fell behind, by kind: steps are "
-            "shed before joining, requests before learning (pipeline.shed_learning).",
-            ["kind"],
-            registry=registry,
-        )
-        self.keep_ratio = Gauge(
-            "coeffd_learning_keep_ratio",
-            "Share of step and request observations being learned (1 = all; below 1 = "
-            "shedding load).",
-            registry=registry,
-        )
-        self.keep_ratio.set(1.0)
-        self.engine_share = Gauge(
-            "coeffd_engine_sample_share",
-            "Share of each configuration's engines whose telemetry is decoded and joined "
-            "(1 = all; below 1 = engine sampling, pipeline.sample_engines).",
-            registry=registry,
-        )
-        self.engine_share.set(1.0)
-        self.engines = Gauge(
-            "coeffd_engines",
-            "Engines heard from within the sampler's idle time, by state: joined or "
-            "sampled_out (engine sampling).",
-            ["state"],
-            registry=registry,
-        )
 
 
 def describe_configuration(metrics: ServeMetrics, cfg: ServingConfig) -> None:

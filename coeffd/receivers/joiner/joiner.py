@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import structlog
@@ -50,6 +50,19 @@ _GAUGE_NS = 5_000_000_000  # refresh window gauges every 5 s of data time
 _TERMINAL = (ApiKind.DEPARTED, ApiKind.ABORTED)
 
 
+class StepShedding(Protocol):
+    """What the joiner asks about load: the daemon's load controller
+    (:class:`~coeffd.daemon.load.LoadController`) implements it and is handed to the
+    joiner, which never imports the daemon."""
+
+    @property
+    def step_filter(self) -> Callable[[int], bool] | None:
+        """None while every step is built; else False for the steps to shed."""
+
+    def shed(self, kind: str, n: int) -> None:
+        """Tally: ``n`` observations of ``kind`` (``step``) were shed."""
+
+
 class Joiner:
     """Sliding-window join of journeys, step summaries and KV transfers.
 
@@ -64,6 +77,7 @@ class Joiner:
         self,
         config: JoinerConfig | None = None,
         metrics: JoinerMetrics | CollectorRegistry | None = None,
+        load: StepShedding | None = None,
     ) -> None:
         self.cfg = config if config is not None else JoinerConfig()
         if isinstance(metrics, JoinerMetrics):
@@ -94,10 +108,10 @@ class Joiner:
         self._cur: tuple[SpanKey, RequestEntry, CoreState | None, EngineState | None] | None = None
         self._pending_cov: list[tuple[EngineState, int, int]] = []
         self._wait_wm: dict[str, int] = {}  # per engine, the watermark of this sweep
-        #: Load shedding (set by the consumer while it sheds): steps for which this is
-        #: False are finalized without an observation, counted as outcome ``shed``;
-        #: so are summaries the decoder already read partially (``BatchSummary.partial``).
-        self.step_filter: Callable[[int], bool] | None = None
+        #: Load shedding: steps its ``step_filter`` rejects are finalized without an
+        #: observation, counted as outcome ``shed`` and reported to it; so are summaries
+        #: the decoder already read partially (``BatchSummary.partial``).
+        self.load = load
         self._n_shed = 0
         self._kv_open: dict[kvmod.TransferKey, KVTransfer] = {}
         self._kv_done: dict[tuple[bool, kvmod.TransferKey], int] = {}
@@ -230,6 +244,8 @@ class Joiner:
     def _count_shed(self) -> None:
         if self._n_shed:
             self.metrics.outcome("step", "shed", "load", self._n_shed)
+            if self.load is not None:
+                self.load.shed("step", self._n_shed)
             self._n_shed = 0
 
     def _boundary(self) -> None:
@@ -561,7 +577,7 @@ class Joiner:
         s = eng.summaries.get(n)
         if s is None or n in eng.finalized:
             return
-        keep = self.step_filter
+        keep = self.load.step_filter if self.load is not None else None
         if s.partial or (keep is not None and not keep(n)):
             # Shed before the join work: pinning and composing a step costs several times
             # what learning it does, so shedding only at the learner saved too little.

@@ -1,33 +1,21 @@
-"""Engine sampling: when learning at the shedding floor still falls behind, decode and
-join the telemetry of a share of each configuration's engines, and skip the rest.
+"""Engine sampling: the share ``e`` of each configuration's engines whose telemetry is
+decoded and joined (the rules: :mod:`coeffd.daemon.load.controller`, whose
+:class:`LoadController` drives it).
 
-Why: load shedding (:mod:`daemon.shedding`) sheds learning, but every record is still
-received, decoded and joined — ~5 µs of the ~12 µs a loaded daemon spends per event.
-Behind a collector, a fleet sends far more than one core can join, and push-back reaches
-vLLM, which then drops spans. Engines of one configuration are exchangeable for the
-learners (they fit one coefficient vector per configuration), so under that load the
-daemon follows a consistent subset of each configuration's engines in full, and counts
-the others' spans and events as ``sampled out`` without decoding their attributes. A
-sampled-out export request then costs its protobuf parse and a count.
+Why: load shedding (:mod:`coeffd.daemon.load.shedding`) sheds learning, but every record
+is still received, decoded and joined — ~5 µs of the ~12 µs a loaded daemon spends per
+event. Behind a collector, a fleet sends far more than one core can join. Engines of one
+configuration are exchangeable for the learners (they fit one coefficient vector per
+configuration), so under that load the daemon follows a consistent subset of each
+configuration's engines in full, and counts the others' spans and events as ``sampled
+out`` without decoding their attributes. A sampled-out export request then costs its
+protobuf parse and a count.
 
-Rules:
-
-* an engine is kept when a golden-ratio hash of its identity (``coeffd.engine``, else
-  the source id: :func:`~learners.features.config.engine_identity`) is below the share,
-  so the kept set is nested — halving the share only drops engines, doubling only adds
-  them — and the same in every process, for spans and for the engine's KV stream;
-* each configuration (its ``coeffd.model``, ``coeffd.gpu``, … attributes) keeps its
-  ``min_engines`` lowest-hash engines seen within ``idle_s``: no configuration stops
-  learning, however small its share of the fleet;
-* the share halves (at most once per ``down_hold_s``) while the backlog is at or above
-  ``high`` and still rising, or while step learning stays at its floor and either the
-  receivers' worker pool is full half of the time or the daemon uses ``cpu_high`` of a
-  core (with the worker using at least 0.2 of one, so that halving frees something):
-  then the receivers, not the queue, fall behind (requests wait before they are read),
-  since they share one interpreter with the pipeline worker;
-* it doubles once the backlog has stayed at or below ``low``, with step learning at half
-  or more and the CPU at most ``cpu_high / 2``, for ``up_hold_s``. Slow to add engines
-  back, because an engine taken on mid-stream yields no observations for a window.
+An engine is kept when a golden-ratio hash of its identity (``coeffd.engine``, else the
+source id: :func:`~learners.features.config.engine_identity`) is below the share, so the
+kept set is nested and the same in every process, for spans and for the engine's KV
+stream; each configuration (its ``coeffd.model``, ``coeffd.gpu``, … attributes) keeps its
+``min_engines`` lowest-hash engines seen within ``idle_s``.
 
 >>> from coeffd.receivers.kv.subscriber import source_from_attributes as src
 >>> clock = iter(range(0, 10_000, 2)).__next__
@@ -53,7 +41,7 @@ import time
 import zlib
 from collections.abc import Callable
 
-from coeffd.daemon.shedding import share_limit, spread
+from coeffd.daemon.load.shedding import share_limit, spread
 from coeffd.learners.features.config import ATTRIBUTE_PREFIX, ServingConfig, engine_identity
 from coeffd.records.events import AttrValue, Source
 
@@ -145,7 +133,7 @@ class EngineSampler:
         self.cpu_high, self.step_floor, self.cpu_settle_s = cpu_high, step_floor, cpu_settle_s
         self._clock, self._cpu_clock, self._worker_clock = clock, cpu_clock, worker_clock
         #: share of the time the receivers' worker pool was full since the last call
-        #: (:class:`receivers.occupancy.Occupancy`), wired by the app
+        #: (:class:`receivers.occupancy.Occupancy`), wired by the load controller
         self.receivers_full = receivers_full
         self.share = 1.0
         self._limit = share_limit(1.0)

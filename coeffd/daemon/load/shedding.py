@@ -1,31 +1,18 @@
-"""Learning load shedding: when learning falls behind, learn a share of the step and
-request observations instead of letting the receivers push back.
+"""Learning load shedding: the share ``r`` of the step and request observations learned
+(the rules: :mod:`coeffd.daemon.load.controller`, whose :class:`LoadController` drives it).
 
-Why: push-back reaches vLLM, whose ``BatchSpanProcessor`` drops spans once its own
-queue is full, and a dropped journey or step span costs observations far beyond itself
-(the joins around it fail). Step observations, on the other hand, are plentiful and
-redundant for an RLS learner whose memory is ~90 rows (λ = 0.989): a busy engine yields
-hundreds a second. So under load the joiner still takes in every record, but builds
-(and the learners learn) only a deterministic, evenly spread share of the step
-observations — building one (pinning its period, composing its batch) costs more than
-learning it; the decoders read the summaries of the others only partially. Request
-observations are still built (their journeys pin the kept steps' periods) but learned at
-the same share: at the floor, learning one per request cost more than learning the kept
-steps (four learners and four scores each), and the α learners need tens of rows, not
-thousands a second. KV observations (rare) are always learned.
+Under load the joiner still takes in every record, but builds (and the learners learn)
+only a deterministic, evenly spread share of the step observations — building one
+(pinning its period, composing its batch) costs more than learning it; the decoders read
+the summaries of the others only partially. Request observations are still built (their
+journeys pin the kept steps' periods) but learned at the same share: at the floor,
+learning one per request cost more than learning the kept steps (four learners and four
+scores each), and the α learners need tens of rows, not thousands a second.
 
-The share is the smaller of two controls:
-
-* a proportional one on the pipeline's backlog (queue fill, 0..1): all below ``start``,
-  ``min_keep`` at and above ``full``, linear in between — receivers never push back;
-* a multiplicative one on the duration of the worker's ticks, where a live daemon builds
-  and learns the steps its window releases: a tick longer than ``tick_budget_s`` scales
-  the share down by √(budget/duration), a shorter one lets it recover (at most ×2 a
-  tick) — a long tick delays every snapshot (freshness), even while the queue keeps up.
-
-Selection is by step id (a request's: a CRC of its id) through a golden-ratio hash, so
-the kept ones are spread evenly and the same on every replay of the same data at the
-same share.
+The share is the smaller of a proportional control on the pipeline's backlog and a
+multiplicative one on the duration of the worker's ticks, where a live daemon builds and
+learns the steps its window releases: a long tick delays every snapshot (freshness),
+even while the queue keeps up.
 
 >>> s = LoadShedder(start=0.2, full=0.6, min_keep=0.125)
 >>> s.update(0.1), s.update(0.4), s.update(0.9)
