@@ -39,10 +39,10 @@ import numpy as np
 import orjson
 import structlog
 
+from coeffd.base.http import HttpServer
 from coeffd.daemon import api
 from coeffd.daemon.commands.pull import pull
 from coeffd.daemon.fleet import FleetPublisher
-from coeffd.daemon.http.server import HttpServer
 from coeffd.daemon.publish.snapshot import SnapshotStore
 from coeffd.learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA
 from coeffd.learners.features.config import ServingConfig

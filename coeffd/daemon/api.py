@@ -14,7 +14,7 @@ Errors are JSON ``{"error": {"status": .., "message": ..}}``: 404 for an unknown
 configuration or version, 400 for a bad query, 405 for a non-GET method.
 ``handle(store, method, target)`` dispatches a raw request target; it returns None for
 paths outside ``/v1/configurations`` and ``/v1/coefficients`` so a router can fall through.
-``mount(router, store)`` registers the endpoints on the daemon's ``daemon.http.Router``.
+``mount(router, store)`` registers the endpoints on the daemon's ``coeffd.base.http.Router``.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 import msgspec
 import orjson
 
-from coeffd.daemon.http.server import Request as HttpRequest
-from coeffd.daemon.http.server import Response as HttpResponse
-from coeffd.daemon.http.server import Router
+from coeffd.base.http import Request as HttpRequest
+from coeffd.base.http import Response as HttpResponse
+from coeffd.base.http import Router
 from coeffd.daemon.predict import PredictError, Predictor, describe, predict, render
 from coeffd.daemon.publish.blis import to_flags, to_yaml_block
 from coeffd.daemon.publish.snapshot import (

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import platform
 import signal
 import threading
 import time
@@ -24,16 +25,21 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any, Protocol, runtime_checkable
 
+import prometheus_client
 import structlog
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, Info, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from coeffd.daemon.http.server import HttpServer, Request, Response, Router
-from coeffd.daemon.log import RateLimiter
-from coeffd.daemon.metrics import ReceiverMetrics
-from coeffd.daemon.security import AuthMetrics, http_guard
-from coeffd.daemon.settings import Settings, parse_endpoint
+from coeffd.base.endpoint import parse_endpoint
+from coeffd.base.http import HttpServer, Request, Response, Router
+from coeffd.base.ratelimit import RateLimiter
+from coeffd.base.security import AuthMetrics, http_guard
+from coeffd.daemon.publish.snapshot import coeffd_version
+from coeffd.daemon.settings import Settings
 from coeffd.daemon.supervise import Supervisor
+from coeffd.receivers.grpc.server import OtlpGrpcReceiver
+from coeffd.receivers.http.server import OtlpHttpReceiver
+from coeffd.receivers.metrics import ReceiverMetrics
 from coeffd.receivers.occupancy import Occupancy
 from coeffd.receivers.otlp.decode import Decoder, count_kinds
 from coeffd.records.events import Record
@@ -103,8 +109,26 @@ class CountingConsumer:
         )
 
 
+# Like other exporters: no ``*_created`` series (a timestamp per counter and histogram
+# child, ~1/3 of the series, that no dashboard or alert reads). Process-wide by design.
+prometheus_client.disable_created_metrics()
+
+
+def register_process_metrics(registry: CollectorRegistry) -> None:
+    """``process_cpu_seconds_total``, ``process_resident_memory_bytes``, … (as every
+    exporter) and ``coeffd_build_info``."""
+    ProcessCollector(registry=registry)
+    Info("coeffd_build", "The running coeffd.", registry=registry).info(
+        {"version": coeffd_version(), "python": platform.python_version()}
+    )
+
+
 class Pipeline:
-    """Bounded record queue + the single worker thread that feeds the consumer."""
+    """Bounded record queue + the single worker thread that feeds the consumer.
+
+    The receivers' next consumer (``receivers.host.Consumer``); given their metrics, it
+    counts there what it accepts, its depth and its worker's time and errors.
+    """
 
     def __init__(
         self,
@@ -313,6 +337,8 @@ class Pipeline:
 class App:
     """One daemon instance: settings → receivers + pipeline + HTTP server.
 
+    The receivers' host (``receivers.host.Host``, structurally): what they are given.
+
     ``registry`` is this app's own Prometheus registry (never the global one). Other
     components mount HTTP routes on :attr:`router` before :meth:`start` (or after: the
     router is live) and register metrics on :attr:`registry`.
@@ -326,7 +352,9 @@ class App:
     ) -> None:
         self.settings = settings
         self.registry = registry if registry is not None else CollectorRegistry()
+        register_process_metrics(self.registry)
         self.metrics = ReceiverMetrics(self.registry)
+        self.log_rate_limit_seconds = settings.log.rate_limit_seconds
         self.auth_metrics = AuthMetrics(self.registry, settings.log.rate_limit_seconds)
         self.consumer: Consumer = consumer if consumer is not None else CountingConsumer()
         self.pipeline = Pipeline(
@@ -359,8 +387,8 @@ class App:
         self._stopped = False
         self._lock = threading.Lock()
         self._http: HttpServer | None = None
-        self._grpc: Any = None
-        self._otlp_http: Any = None
+        self._grpc: OtlpGrpcReceiver | None = None
+        self._otlp_http: OtlpHttpReceiver | None = None
         self._kv: list[Any] = []
 
     # ------------------------------------------------------------------ HTTP routes
@@ -434,10 +462,6 @@ class App:
 
     def start(self) -> App:
         """Start the worker, the receivers and the HTTP server; then mark ready."""
-        # Imported here: the receivers import daemon.app's siblings, keep import light.
-        from coeffd.receivers.grpc.server import OtlpGrpcReceiver
-        from coeffd.receivers.http.server import OtlpHttpReceiver
-
         with self._lock:
             if self._started:
                 return self
@@ -462,11 +486,11 @@ class App:
                 sup.watch("http", lambda: bool(self._http and self._http.alive), self._http.restart)
             if s.receivers.otlp_grpc.enabled:
                 listener, endpoint = "otlp_grpc", s.receivers.otlp_grpc.endpoint
-                self._grpc = OtlpGrpcReceiver(self)
+                self._grpc = OtlpGrpcReceiver(self, s.receivers)
                 self._grpc.start()
             if s.receivers.otlp_http.enabled:
                 listener, endpoint = "otlp_http", s.receivers.otlp_http.endpoint
-                self._otlp_http = OtlpHttpReceiver(self)
+                self._otlp_http = OtlpHttpReceiver(self, s.receivers)
                 self._otlp_http.start()
                 otlp_http = self._otlp_http
                 sup.watch("otlp_http", lambda: otlp_http.alive, otlp_http.restart)

@@ -43,32 +43,29 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from coeffd.daemon.security import AuthSettings, TlsSettings
+from coeffd.base.endpoint import Endpoint, parse_endpoint
+from coeffd.base.security import AuthSettings, TlsSettings
 from coeffd.learners.config import LearnersConfig
 from coeffd.learners.features.basis import BlisBasis
 from coeffd.learners.features.config import CatalogSettings, ConfigurationSettings
 from coeffd.learners.features.files import read_text_bounded
 from coeffd.learners.features.hardware import load_hardware
+from coeffd.receivers.config import ReceiverSettings
 from coeffd.receivers.joiner.config import JoinerConfig
-from coeffd.receivers.otlp.limits import RequestLimits
 
 __all__ = [
     "HttpSettings",
     "InvalidSetting",
     "KVSettings",
     "LogSettings",
-    "OtlpGrpcSettings",
-    "OtlpHttpSettings",
     "PipelineSettings",
     "PublishSettings",
-    "ReceiverSettings",
     "Settings",
     "SettingsError",
     "StateSettings",
     "check_startup",
     "format_validation_error",
     "load_settings",
-    "parse_endpoint",
     "unwritable",
 ]
 
@@ -97,30 +94,6 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def parse_endpoint(value: str) -> tuple[str, int]:
-    """Split ``HOST:PORT`` (``[v6]:PORT`` allowed; port 0 = pick a free port).
-
-    >>> parse_endpoint("0.0.0.0:4317")
-    ('0.0.0.0', 4317)
-    >>> parse_endpoint("[::1]:0")
-    ('::1', 0)
-    """
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ValueError("expected HOST:PORT")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host, int(port)
-
-
-def _check_endpoint(value: str) -> str:
-    parse_endpoint(value)
-    return value
-
-
-Endpoint = Annotated[str, AfterValidator(_check_endpoint)]
-
-
 class _Section(BaseModel):
     """Base of every section: unknown keys are errors, values are validated on assignment."""
 
@@ -135,49 +108,6 @@ class LogSettings(_Section):
     format: Literal["auto", "json", "console"] = "auto"
     #: Minimum seconds between two log lines about the same recurring problem.
     rate_limit_seconds: float = Field(default=10.0, ge=0.0)
-
-
-class OtlpGrpcSettings(_Section):
-    """OTLP/gRPC receiver (``TraceService/Export``)."""
-
-    enabled: bool = True
-    endpoint: Endpoint = "0.0.0.0:4317"
-    #: gRPC's default is 4 MiB; a batch of 512 ``llm_core`` spans is ~1 MB and step
-    #: spans can carry large snapshot events, so allow more.
-    max_message_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
-    workers: int = Field(default=4, ge=1, le=256)
-    #: Close a connection idle this long (grpc ``max_connection_idle``); exporters
-    #: reconnect on their next export.
-    idle_timeout_seconds: float = Field(default=300.0, gt=0.0, le=86_400.0)
-    tls: TlsSettings = Field(default_factory=TlsSettings)
-    auth: AuthSettings = Field(default_factory=AuthSettings)
-
-
-class OtlpHttpSettings(_Section):
-    """OTLP/HTTP receiver (``POST /v1/traces`` and ``POST /``)."""
-
-    enabled: bool = True
-    endpoint: Endpoint = "0.0.0.0:4318"
-    #: Limit on the body, compressed and decompressed.
-    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
-    #: Connections served at once (one thread each); more are answered 503 and closed.
-    max_connections: int = Field(default=64, ge=1, le=10_000)
-    #: Close a connection that sends nothing for this long, or whose request takes longer
-    #: than this to arrive whole: a silent or trickling client must not hold a thread.
-    idle_timeout_seconds: float = Field(default=60.0, gt=0.0, le=86_400.0)
-    tls: TlsSettings = Field(default_factory=TlsSettings)
-    auth: AuthSettings = Field(default_factory=AuthSettings)
-
-
-class ReceiverSettings(_Section):
-    """All receivers."""
-
-    otlp_grpc: OtlpGrpcSettings = Field(default_factory=OtlpGrpcSettings)
-    otlp_http: OtlpHttpSettings = Field(default_factory=OtlpHttpSettings)
-    #: Seconds a client is told to wait before retrying when the pipeline is full.
-    retry_after_seconds: float = Field(default=1.0, gt=0.0, le=60.0)
-    #: Bounds on the work of one OTLP request (counts and sizes, checked before parsing).
-    limits: RequestLimits = Field(default_factory=RequestLimits)
 
 
 class HttpSettings(_Section):

@@ -9,10 +9,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from coeffd.base.http import Request, Response
 from coeffd.daemon.app import App, CountingConsumer, Pipeline
-from coeffd.daemon.http import Request, Response
-from coeffd.daemon.metrics import ReceiverMetrics
 from coeffd.daemon.settings import Settings
+from coeffd.receivers.metrics import ReceiverMetrics
 
 
 def _wait(cond: Any, timeout: float = 10.0) -> bool:

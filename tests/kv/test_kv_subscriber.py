@@ -18,8 +18,8 @@ from kv_support import (
 )
 from prometheus_client import CollectorRegistry
 
-from coeffd.daemon.metrics import ReceiverMetrics
 from coeffd.receivers.kv import KVMetrics, KVSubscriber, SequenceTracker
+from coeffd.receivers.metrics import ReceiverMetrics
 from coeffd.records.events import KVRecord
 
 WAIT_S = 30.0  # a safety net against hangs, not a timing assertion

@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from coeffd.base.http import HttpServer
 from coeffd.daemon import api
-from coeffd.daemon.http.server import HttpServer
 from coeffd.daemon.publish.snapshot import ConfigurationRef, ErrorStats, Snapshot, SnapshotStore
 
 ROOT = Path(__file__).resolve().parents[2]

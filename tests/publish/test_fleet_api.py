@@ -18,9 +18,9 @@ import yaml as pyyaml
 from publish_support import BLIS_DEFAULTS, make_snapshot
 from publish_support import run_pull as _pull
 
+from coeffd.base.http import HttpServer
 from coeffd.daemon import api
 from coeffd.daemon.fleet import FleetPublisher, fleet_snapshot
-from coeffd.daemon.http.server import HttpServer
 from coeffd.daemon.publish.defaults_schema import validate_defaults_yaml
 from coeffd.daemon.publish.snapshot import SnapshotStore, validate_for_blis
 from coeffd.learners.features import BLIS_DEFAULT_BETA, MODELS, BlisBasis, load_hardware

@@ -339,7 +339,7 @@ def test_listen_backlog_takes_a_burst_of_connects() -> None:
     """60 connects while nothing accepts (the server not started): each completes in the
     kernel's accept queue. With socketserver's default backlog of 5, the rest stalled in
     SYN retries (9 of 60 connects took ~1 s in the attack run)."""
-    from coeffd.daemon.http.server import HttpServer
+    from coeffd.base.http import HttpServer
 
     server = HttpServer("127.0.0.1", 0)
     socks: list[socket.socket] = []

@@ -27,9 +27,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from tls_certs import Certs, make_certs
 from vllm_spans import emit_engine
 
+from coeffd.base.http import Response
 from coeffd.daemon import cli
 from coeffd.daemon.app import App, CountingConsumer
-from coeffd.daemon.http.server import Response
 from coeffd.daemon.settings import Settings
 
 TOKEN = "s3cr3t-token-from-a-secret"
@@ -327,7 +327,7 @@ def test_pull_sends_token_and_client_cert(
 
 
 def test_token_file_rotation_takes_effect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from coeffd.daemon import security
+    from coeffd.base import security
 
     monkeypatch.setattr(security, "TOKEN_RECHECK_SECONDS", 0.0)
     f = tmp_path / "token"

@@ -58,7 +58,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_replay(app: App, files: list[str], show_progress: bool | None = None) -> ReplaySummary:
     """Replay ``files`` into a started ``app``; wait until the worker consumed them."""
-    ingestor = Ingestor.for_app(app, RECEIVER)
+    ingestor = Ingestor.for_host(app, RECEIVER)
 
     if show_progress is None:
         show_progress = sys.stderr.isatty()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 import structlog
@@ -27,15 +27,14 @@ from google.protobuf.message import DecodeError
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from coeffd.daemon.security import grpc_server_credentials, grpc_token_interceptor
-from coeffd.daemon.settings import parse_endpoint
+from coeffd.base.endpoint import parse_endpoint
+from coeffd.base.security import grpc_server_credentials, grpc_token_interceptor
+from coeffd.receivers.config import ReceiverSettings
+from coeffd.receivers.host import Host
 from coeffd.receivers.occupancy import Occupancy
 from coeffd.receivers.otlp.fastproto import FastExportRequest
 from coeffd.receivers.otlp.ingest import Ingestor, Outcome
 from coeffd.receivers.otlp.limits import RequestLimits, check_request
-
-if TYPE_CHECKING:
-    from coeffd.daemon.app import App
 
 __all__ = ["RECEIVER", "OtlpGrpcReceiver", "retry_trailers"]
 
@@ -174,14 +173,14 @@ class _Servicer(trace_service_pb2_grpc.TraceServiceServicer):
 
 
 class OtlpGrpcReceiver:
-    """A grpcio server bound to ``settings.receivers.otlp_grpc.endpoint``."""
+    """A grpcio server bound to ``settings.otlp_grpc.endpoint``, feeding ``host``."""
 
-    def __init__(self, app: App) -> None:
-        cfg = app.settings.receivers.otlp_grpc
-        self.ingestor = Ingestor.for_app(app, RECEIVER)
+    def __init__(self, host: Host, settings: ReceiverSettings) -> None:
+        cfg = settings.otlp_grpc
+        self.ingestor = Ingestor.for_host(host, RECEIVER)
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="coeffd-grpc"),
-            interceptors=grpc_token_interceptor(RECEIVER, cfg.auth, app.auth_metrics),
+            interceptors=grpc_token_interceptor(RECEIVER, cfg.auth, host.auth_metrics),
             options=[
                 # grpc refuses a larger message unread; Export counts it.
                 ("grpc.max_receive_message_length", cfg.max_message_bytes),
@@ -194,8 +193,8 @@ class OtlpGrpcReceiver:
         )
         servicer = _Servicer(
             self.ingestor,
-            app.settings.receivers.retry_after_seconds,
-            app.grpc_occupancy,
+            settings.retry_after_seconds,
+            host.grpc_occupancy,
             cfg.max_message_bytes,
         )
         # Registered by hand rather than with add_TraceServiceServicer_to_server so that an
@@ -210,15 +209,15 @@ class OtlpGrpcReceiver:
                         # the same): see _Servicer.Export.
                         "Export": grpc.stream_unary_rpc_method_handler(
                             servicer.Export,
-                            request_deserializer=_deserializer(app.settings.receivers.limits),
+                            request_deserializer=_deserializer(settings.limits),
                             response_serializer=_serialize,
                         )
                     },
                 ),
             )
         )
-        host, port = parse_endpoint(cfg.endpoint)
-        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        address, port = parse_endpoint(cfg.endpoint)
+        target = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
         try:
             creds = grpc_server_credentials(cfg.tls)
             if creds is None:

@@ -16,23 +16,22 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from google.rpc import code_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from coeffd.daemon.http.server import HttpServer, Request, Response, Router
-from coeffd.daemon.security import http_guard
-from coeffd.daemon.settings import parse_endpoint
+from coeffd.base.endpoint import parse_endpoint
+from coeffd.base.http import HttpServer, Request, Response, Router
+from coeffd.base.security import http_guard
+from coeffd.receivers.config import ReceiverSettings
+from coeffd.receivers.host import Host
 from coeffd.receivers.otlp.fastproto import FastExportRequest
 from coeffd.receivers.otlp.ingest import Ingestor, Outcome
 from coeffd.receivers.otlp.jsonbody import JsonDecodeError, parse_json_request
 from coeffd.receivers.otlp.limits import LimitExceeded, check_json_body, check_request
-
-if TYPE_CHECKING:
-    from coeffd.daemon.app import App
 
 __all__ = ["RECEIVER", "OtlpHttpReceiver", "decompress", "status_response"]
 
@@ -126,19 +125,19 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
 class OtlpHttpReceiver:
     """An HTTP server with the OTLP routes, on its own port."""
 
-    def __init__(self, app: App) -> None:
-        cfg = app.settings.receivers.otlp_http
+    def __init__(self, host: Host, settings: ReceiverSettings) -> None:
+        cfg = settings.otlp_http
         self.max_body = cfg.max_body_bytes
-        self.limits = app.settings.receivers.limits
-        self.retry_after = str(max(1, math.ceil(app.settings.receivers.retry_after_seconds)))
-        self.ingestor = Ingestor.for_app(app, RECEIVER)
+        self.limits = settings.limits
+        self.retry_after = str(max(1, math.ceil(settings.retry_after_seconds)))
+        self.ingestor = Ingestor.for_host(host, RECEIVER)
         self.router = Router()
         self.router.add_route("POST", "/v1/traces", self.handle)
         self.router.add_route("POST", "/", self.handle)
-        host, port = parse_endpoint(cfg.endpoint)
-        tls, gate = http_guard(RECEIVER, cfg.tls, cfg.auth, app.auth_metrics)
+        address, port = parse_endpoint(cfg.endpoint)
+        tls, gate = http_guard(RECEIVER, cfg.tls, cfg.auth, host.auth_metrics)
         self._server = HttpServer(
-            host,
+            address,
             port,
             self.router,
             max_body_bytes=self.max_body,

@@ -59,7 +59,7 @@ class KVMetrics:
     """KV receiver metrics (CONTRIBUTING "Metric names").
 
     ``events_rejected``/``events_received`` are shared families: pass the app's existing
-    counters (e.g. ``daemon.metrics.ReceiverMetrics``) so nothing is registered twice on
+    counters (e.g. ``receivers.metrics.ReceiverMetrics``) so nothing is registered twice on
     one registry; they are created here only when absent.
     """
 

@@ -11,16 +11,14 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
-from coeffd.daemon.log import RateLimiter
-from coeffd.daemon.metrics import ReceiverMetrics
+from coeffd.base.ratelimit import RateLimiter
+from coeffd.receivers.host import Host
+from coeffd.receivers.metrics import ReceiverMetrics
 from coeffd.receivers.otlp.decode import Decoder, DecodeResult
-
-if TYPE_CHECKING:
-    from coeffd.daemon.app import App
 
 __all__ = ["Ingestor", "Outcome"]
 
@@ -79,16 +77,17 @@ class Ingestor:
         self._dropped = metrics.dropped_upstream.labels(receiver)
 
     @classmethod
-    def for_app(cls, app: App, receiver: str) -> Ingestor:
-        """An ingestor feeding ``app``'s pipeline, with the app's decoder and metrics."""
+    def for_host(cls, host: Host, receiver: str) -> Ingestor:
+        """An ingestor feeding ``host``'s pipeline, with the host's decoder and metrics."""
+        pipeline = host.pipeline
         return cls(
             receiver,
-            app.decoder,
-            app.pipeline.offer,
-            app.metrics,
-            RateLimiter(app.settings.log.rate_limit_seconds),
-            closed=lambda: app.pipeline.closed,
-            room=app.pipeline.has_room,
+            host.decoder,
+            pipeline.offer,
+            host.metrics,
+            RateLimiter(host.log_rate_limit_seconds),
+            closed=lambda: pipeline.closed,
+            room=pipeline.has_room,
         )
 
     def ingest(self, req: Any, peer: str = "", wait: bool = False) -> Ingested:

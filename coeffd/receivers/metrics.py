@@ -1,39 +1,30 @@
-"""Receiver and pipeline metrics (names: CONTRIBUTING.md, "Metric names").
+"""The metric families of the ingest path (names: CONTRIBUTING.md, "Metric names").
 
-Every App owns its own ``CollectorRegistry``; nothing registers on the global one, so
-several daemons can live in one test process.
+Registered on the registry the daemon hands over (each daemon has its own, so several
+can live in one test process). The receivers count requests, records, decode times and
+rejections here, labelled by ``receiver`` (the KV receiver reuses the event families
+through ``KVMetrics``, so nothing is registered twice); the queue they hand records to
+(their next consumer, ``daemon.app.Pipeline``) counts its depth and its worker's time
+and errors here too, so one object describes records from the wire to the consumer.
 """
 
 from __future__ import annotations
 
-import platform
 from collections.abc import Callable
 
-import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
-
-from coeffd.daemon.publish.snapshot import coeffd_version
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 __all__ = ["ReceiverMetrics"]
-
-# Like other exporters: no ``*_created`` series (a timestamp per counter and histogram
-# child, ~1/3 of the series, that no dashboard or alert reads). Process-wide by design.
-prometheus_client.disable_created_metrics()
 
 #: Decode times of a request range from ~50 µs (one span) to ~100 ms (a 4 MB batch).
 _DECODE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
 class ReceiverMetrics:
-    """The receiver/pipeline metric families, registered on ``registry``."""
+    """The ingest path's metric families, registered on ``registry``."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        # process_cpu_seconds_total, process_resident_memory_bytes, … (as every exporter)
-        ProcessCollector(registry=registry)
-        Info("coeffd_build", "The running coeffd.", registry=registry).info(
-            {"version": coeffd_version(), "python": platform.python_version()}
-        )
         self.events_received = Counter(
             "coeffd_events_received_total",
             "Records (spans and events) accepted into the pipeline, by receiver and kind.",
@@ -97,7 +88,6 @@ class ReceiverMetrics:
             ["stage"],
             registry=registry,
         )
-
         self.stage_seconds = Histogram(
             "coeffd_pipeline_stage_seconds",
             "Time the pipeline worker spends per consumer call (consume: one batch; tick: "

@@ -1,4 +1,5 @@
-"""A small threaded HTTP/1.1 server with a router.
+"""A small threaded HTTP/1.1 server with a router: the OTLP/HTTP receiver's and the
+daemon's (``/metrics``, probes, API) listener, hence down here where both can use it.
 
 Stdlib ``ThreadingHTTPServer`` (one thread per connection) is enough here: the daemon's
 HTTP traffic is scrapes, probes, a few API calls and, on the OTLP/HTTP port, one
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 if TYPE_CHECKING:
-    from coeffd.daemon.security import Gate
+    from coeffd.base.security import Gate
 
 __all__ = ["Handler", "HttpServer", "Request", "Response", "Router"]
 

@@ -1,4 +1,4 @@
-"""TLS and bearer-token authentication for the receivers and the HTTP API.
+"""TLS and bearer-token authentication of every listener: the receivers and the HTTP API.
 
 Settings follow the OpenTelemetry Collector's ``configtls`` server shape (``cert_file``,
 ``key_file``, ``client_ca_file``) and its ``bearertokenauth`` extension (a token read
@@ -39,7 +39,7 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from coeffd.daemon.log import RateLimiter
+from coeffd.base.ratelimit import RateLimiter
 
 __all__ = [
     "AuthMetrics",
@@ -84,6 +84,16 @@ def _readable(path: str, what: str) -> Path:
     return p
 
 
+def _certificates(path: str, what: str, kind: str) -> None:
+    """``ValueError`` unless ``path`` is readable and holds PEM certificates (``what``
+    names the file, ``kind`` what it should hold)."""
+    _readable(path, what)
+    try:
+        ssl.create_default_context(cafile=path)
+    except ssl.SSLError as e:
+        raise ValueError(f"not a {kind} ({e.reason or e})") from None
+
+
 class TlsSettings(BaseModel):
     """Server TLS of one listener (the Collector's ``configtls.ServerConfig`` keys).
 
@@ -110,11 +120,7 @@ class TlsSettings(BaseModel):
     @classmethod
     def _cert(cls, v: str) -> str:
         if v:
-            _readable(v, "certificate file")
-            try:
-                ssl.create_default_context(cafile=v)
-            except ssl.SSLError as e:
-                raise ValueError(f"not a PEM certificate ({e.reason or e})") from None
+            _certificates(v, "certificate file", "PEM certificate")
         return v
 
     @field_validator("key_file")
@@ -145,11 +151,7 @@ class TlsSettings(BaseModel):
         if v:
             if not info.data.get("cert_file"):
                 raise ValueError("client certificates need server TLS; set cert_file too")
-            _readable(v, "client CA file")
-            try:
-                ssl.create_default_context(cafile=v)
-            except ssl.SSLError as e:
-                raise ValueError(f"not a PEM CA bundle ({e.reason or e})") from None
+            _certificates(v, "client CA file", "PEM CA bundle")
         return v
 
 
@@ -408,6 +410,6 @@ def http_guard(
     metrics: AuthMetrics,
     public_paths: Collection[str] = (),
 ) -> tuple[ssl.SSLContext | None, Gate | None]:
-    """``(ssl_context, gate)`` for an :class:`~daemon.http.server.HttpServer`."""
+    """``(ssl_context, gate)`` for an :class:`~coeffd.base.http.HttpServer`."""
     ctx = server_ssl_context(tls, client_cert_optional=bool(public_paths))
     return ctx, Gate.build(listener, auth, tls, metrics, public_paths)
