@@ -15,6 +15,7 @@ from typing import Any
 from opentelemetry.trace import Span, Tracer
 
 from coeffd.simfleet.config import SampleRates
+from coeffd.simfleet.state import Req
 from coeffd.simfleet.telemetry import KIND_INTERNAL, KIND_SERVER, remote_parent
 
 
@@ -202,14 +203,68 @@ class Emitter:
         q = self.rates.rich
         return True, q >= 1.0 or self._rng.random() < q
 
-    def summary(self, t_ns: int, attrs: dict[str, Any]) -> None:
+    def summary(
+        self,
+        t_ns: int,
+        *,
+        step: int,
+        start_ns: int,
+        end_ns: int,
+        running: int,
+        waiting: int,
+        prefill_reqs: int,
+        decode_reqs: int,
+        prefill_tokens: int,
+        decode_tokens: int,
+        finished: int,
+        preempted: int,
+        kv_usage: float,
+        blocks_total: int,
+        blocks_free: int,
+    ) -> None:
+        """A ``step.BATCH_SUMMARY`` event of the step scheduled in ``[start_ns, end_ns]``."""
         assert self._span is not None
+        attrs: dict[str, Any] = {
+            "step.id": step,
+            "step.ts_start_ns": start_ns,
+            "step.ts_end_ns": end_ns,
+            "step.duration_us": (end_ns - start_ns) // 1000,
+            "queue.running_depth": running,
+            "queue.waiting_depth": waiting,
+            "batch.num_prefill_reqs": prefill_reqs,
+            "batch.num_decode_reqs": decode_reqs,
+            "batch.scheduled_tokens": prefill_tokens + decode_tokens,
+            "batch.prefill_tokens": prefill_tokens,
+            "batch.decode_tokens": decode_tokens,
+            "batch.num_finished": finished,
+            "batch.num_preempted": preempted,
+            "kv.usage_gpu_ratio": kv_usage,
+            "kv.blocks_total_gpu": blocks_total,
+            "kv.blocks_free_gpu": blocks_free,
+        }
         self._span.add_event("step.BATCH_SUMMARY", attrs, timestamp=self.wall(t_ns))
         self._emitted = True
         self.summaries += 1
 
-    def snapshot(self, t_ns: int, attrs: dict[str, Any]) -> None:
+    def snapshot(self, t_ns: int, step: int, r: Req, scheduled_tokens: int) -> None:
+        """A ``step.REQUEST_SNAPSHOT`` event of running request ``r`` (the effective prompt
+        length only when positive: vLLM omits it when the prefix cache covered it all)."""
         assert self._span is not None
+        attrs: dict[str, Any] = {
+            "step.id": step,
+            "request.id": r.internal_id,
+            "request.phase": r.phase(),
+            "request.num_prompt_tokens": r.prompt_len,
+            "request.num_computed_tokens": r.computed,
+            "request.num_output_tokens": r.num_out,
+            "request.num_preemptions": r.preemptions,
+            "request.scheduled_tokens_this_step": scheduled_tokens,
+            "kv.blocks_allocated_gpu": len(r.blocks),
+            "kv.blocks_cached_gpu": r.committed,
+        }
+        eff = r.prompt_len - max(0, r.cached_first)
+        if eff > 0:
+            attrs["request.effective_prompt_len"] = eff
         self._span.add_event("step.REQUEST_SNAPSHOT", attrs, timestamp=self.wall(t_ns))
         self.snapshots += 1
 

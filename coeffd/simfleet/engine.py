@@ -539,46 +539,27 @@ class Engine:
             if summ:
                 em.summary(
                     E,
-                    {
-                        "step.id": n_step,
-                        "step.ts_start_ns": S,
-                        "step.ts_end_ns": E,
-                        "step.duration_us": (E - S) // 1000,
-                        "queue.running_depth": len(running),
-                        "queue.waiting_depth": len(self.waiting),
-                        "batch.num_prefill_reqs": pf_reqs,
-                        "batch.num_decode_reqs": dc_reqs,
-                        "batch.scheduled_tokens": total,
-                        "batch.prefill_tokens": pf_tok,
-                        "batch.decode_tokens": dc_tok,
-                        "batch.num_finished": self.finished_since,
-                        "batch.num_preempted": preempted,
-                        "kv.usage_gpu_ratio": float(pool.usage()),
-                        "kv.blocks_total_gpu": pool.total,
-                        "kv.blocks_free_gpu": pool.num_free,
-                    },
+                    step=n_step,
+                    start_ns=S,
+                    end_ns=E,
+                    running=len(running),
+                    waiting=len(self.waiting),
+                    prefill_reqs=pf_reqs,
+                    decode_reqs=dc_reqs,
+                    prefill_tokens=pf_tok,
+                    decode_tokens=dc_tok,
+                    finished=self.finished_since,
+                    preempted=preempted,
+                    kv_usage=float(pool.usage()),
+                    blocks_total=pool.total,
+                    blocks_free=pool.num_free,
                 )
                 t_after += 15 * US
                 if rich:
                     sched = {id(e.req): e.tokens for e in entries}
                     for r in running:
                         t_after += 20 * US
-                        a: dict[str, Any] = {
-                            "step.id": n_step,
-                            "request.id": r.internal_id,
-                            "request.phase": r.phase(),
-                            "request.num_prompt_tokens": r.prompt_len,
-                            "request.num_computed_tokens": r.computed,
-                            "request.num_output_tokens": r.num_out,
-                            "request.num_preemptions": r.preemptions,
-                            "request.scheduled_tokens_this_step": sched.get(id(r), 0),
-                            "kv.blocks_allocated_gpu": len(r.blocks),
-                            "kv.blocks_cached_gpu": r.committed,
-                        }
-                        eff = r.prompt_len - max(0, r.cached_first)
-                        if eff > 0:
-                            a["request.effective_prompt_len"] = eff
-                        em.snapshot(t_after, a)
+                        em.snapshot(t_after, n_step, r, sched.get(id(r), 0))
             em.after_schedule(t_after, n_step)
         self.finished_since = 0
         self.finished_pending = False
