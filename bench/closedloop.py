@@ -483,7 +483,7 @@ def regime_terms(spec: EngineSpec) -> dict[str, Any]:
 def _version_change(
     spec: EngineSpec, p: Pulled, mix: Any, rate: float, serve_s: float, seed: int
 ) -> VersionChange:
-    from coeffd.daemon.publish.snapshot import step_time_change
+    from coeffd.daemon.publish.policy import step_time_change
 
     vs = p.steady_versions()
     distinct = [v for i, v in enumerate(vs) if i == 0 or v[2:] != vs[i - 1][2:]]

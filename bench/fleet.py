@@ -43,7 +43,7 @@ from coeffd.base.http import HttpServer
 from coeffd.daemon import api
 from coeffd.daemon.commands.pull import pull
 from coeffd.daemon.fleet import FleetPublisher
-from coeffd.daemon.publish.snapshot import SnapshotStore
+from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA
 from coeffd.learners.features.config import ServingConfig
 from coeffd.learners.fleet import FleetModel

@@ -31,12 +31,8 @@ from coeffd.base.http import Response as HttpResponse
 from coeffd.base.http import Router
 from coeffd.daemon.predict import PredictError, Predictor, describe, predict, render
 from coeffd.daemon.publish.blis import to_flags, to_yaml_block
-from coeffd.daemon.publish.snapshot import (
-    InvalidConfigurationIdError,
-    Snapshot,
-    SnapshotStore,
-    validate_config_id,
-)
+from coeffd.daemon.publish.snapshot import InvalidConfigurationIdError, Snapshot, validate_config_id
+from coeffd.daemon.publish.store import SnapshotStore
 
 JSON = "application/json"
 FORMATS = {"json": JSON, "flags": "text/plain; charset=utf-8", "yaml": "application/yaml"}

@@ -26,13 +26,9 @@ from typing import Any
 import structlog
 from prometheus_client import CollectorRegistry, Gauge
 
-from coeffd.daemon.publish.snapshot import (
-    ConfigurationRef,
-    ErrorStats,
-    PublishPolicy,
-    Snapshot,
-    SnapshotStore,
-)
+from coeffd.daemon.publish.policy import PublishPolicy
+from coeffd.daemon.publish.snapshot import ConfigurationRef, ErrorStats, Snapshot
+from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.learners.fleet import FLEET_ID, FleetModel, FleetResult, Prediction
 from coeffd.learners.registry import LearnerRegistry
 

@@ -28,12 +28,8 @@ from typing import Any, Protocol
 import orjson
 
 from coeffd.daemon.publish.blis import to_flags, to_yaml_block
-from coeffd.daemon.publish.snapshot import (
-    ConfigurationRef,
-    Snapshot,
-    SnapshotStore,
-    validate_for_blis,
-)
+from coeffd.daemon.publish.snapshot import ConfigurationRef, Snapshot, validate_for_blis
+from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA
 from coeffd.learners.features.config import ATTRIBUTE_PREFIX, ServingConfig, ServingConfigError
 from coeffd.learners.fleet import FLEET_ID, Prediction

@@ -17,7 +17,8 @@ from typing import Any
 import structlog
 
 from coeffd.daemon.checkpoint import CheckpointStore
-from coeffd.daemon.publish.snapshot import InvalidCoefficientsError, Snapshot, SnapshotStore
+from coeffd.daemon.publish.snapshot import InvalidCoefficientsError, Snapshot
+from coeffd.daemon.publish.store import SnapshotStore
 
 __all__ = ["Failed", "Writer", "Written"]
 

@@ -12,7 +12,8 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from coeffd.daemon.fleet import FleetPublisher
-from coeffd.daemon.publish.snapshot import SnapshotStore, validate_for_blis
+from coeffd.daemon.publish.snapshot import validate_for_blis
+from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.learners.features.config import ServingConfig
 from coeffd.learners.fleet import FLEET_ID, FleetModel, MemberStats
 from coeffd.learners.registry import LearnerRegistry

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from publish_support import serve
 
-from coeffd.daemon.publish.snapshot import SnapshotStore
+from coeffd.daemon.publish.store import SnapshotStore
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from coeffd.base.http import HttpServer
 from coeffd.daemon import api
-from coeffd.daemon.publish.snapshot import ConfigurationRef, ErrorStats, Snapshot, SnapshotStore
+from coeffd.daemon.publish.snapshot import ConfigurationRef, ErrorStats, Snapshot
+from coeffd.daemon.publish.store import SnapshotStore
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

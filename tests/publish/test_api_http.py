@@ -11,7 +11,8 @@ import yaml as pyyaml
 from publish_support import make_snapshot
 
 from coeffd.daemon import api
-from coeffd.daemon.publish.snapshot import SnapshotStore, decode_snapshot
+from coeffd.daemon.publish.snapshot import decode_snapshot
+from coeffd.daemon.publish.store import SnapshotStore
 
 
 def _get(url: str) -> tuple[int, dict[str, str], bytes]:

@@ -14,7 +14,7 @@ import pytest
 from publish_support import make_snapshot
 
 from coeffd.daemon import api
-from coeffd.daemon.publish.snapshot import SnapshotStore
+from coeffd.daemon.publish.store import SnapshotStore
 
 CID = "llama8b-h100-tp1"
 BAD = [

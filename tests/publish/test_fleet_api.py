@@ -22,7 +22,8 @@ from coeffd.base.http import HttpServer
 from coeffd.daemon import api
 from coeffd.daemon.fleet import FleetPublisher, fleet_snapshot
 from coeffd.daemon.publish.defaults_schema import validate_defaults_yaml
-from coeffd.daemon.publish.snapshot import SnapshotStore, validate_for_blis
+from coeffd.daemon.publish.snapshot import validate_for_blis
+from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.learners.features import BLIS_DEFAULT_BETA, MODELS, BlisBasis, load_hardware
 from coeffd.learners.features.catalog import model_config
 from coeffd.learners.features.config import ServingConfig

@@ -11,7 +11,7 @@ from publish_support import BLIS_DEFAULTS, make_snapshot, serve
 from publish_support import run_pull as _pull
 
 from coeffd.daemon.publish.defaults_schema import validate_defaults_yaml
-from coeffd.daemon.publish.snapshot import SnapshotStore
+from coeffd.daemon.publish.store import SnapshotStore
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,7 +16,8 @@ from publish_support import BETA, BLIS_DEFAULTS, make_snapshot, serve
 
 from coeffd.daemon.commands import pull
 from coeffd.daemon.publish.defaults_schema import validate_defaults_yaml
-from coeffd.daemon.publish.snapshot import ConfigurationRef, SnapshotStore
+from coeffd.daemon.publish.snapshot import ConfigurationRef
+from coeffd.daemon.publish.store import SnapshotStore
 
 NEW_ALPHA = (111.5, 22.25, 3.0)
 NEW_BETA = tuple(b + 1.0 for b in BETA)

@@ -11,16 +11,14 @@ from prometheus_client import CollectorRegistry
 from publish_support import make_snapshot
 
 from coeffd.daemon.publish.atomic import atomic_write_bytes
+from coeffd.daemon.publish.policy import PublishPolicy, step_time_change
 from coeffd.daemon.publish.snapshot import (
     InvalidCoefficientsError,
     InvalidConfigurationIdError,
-    PublishPolicy,
-    SnapshotStore,
-    StaleVersionError,
     decode_snapshot,
-    step_time_change,
     validate_for_blis,
 )
+from coeffd.daemon.publish.store import SnapshotStore, StaleVersionError
 
 
 def test_versions_increase_retention_prunes_latest_stable(store: SnapshotStore) -> None:

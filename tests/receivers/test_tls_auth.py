@@ -308,7 +308,7 @@ def test_pull_sends_token_and_client_cert(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from coeffd.daemon import api
-    from coeffd.daemon.publish.snapshot import SnapshotStore
+    from coeffd.daemon.publish.store import SnapshotStore
 
     # pull installs urllib's process-wide opener; put the old one back afterwards
     monkeypatch.setattr(urllib.request, "_opener", urllib.request._opener)  # type: ignore[attr-defined]

@@ -27,7 +27,8 @@ import pytest
 from serve_support import ROOT, Daemon, start_daemon, wait_quiet
 
 from coeffd.daemon.commands.demo import noise_floor
-from coeffd.daemon.publish.snapshot import SnapshotStore, validate_for_blis
+from coeffd.daemon.publish.snapshot import validate_for_blis
+from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.learners.features import BLIS_DEFAULT_BETA
 from coeffd.learners.features.config import BasisResolver, ServingConfig
 from coeffd.receivers.kv.subscriber import source_from_attributes

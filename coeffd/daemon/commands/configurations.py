@@ -30,7 +30,8 @@ from coeffd.daemon.commands.pull import (
     list_configurations,
     server_url,
 )
-from coeffd.daemon.publish.snapshot import LATEST_NAME, Snapshot, decode_snapshot
+from coeffd.daemon.publish.snapshot import Snapshot, decode_snapshot
+from coeffd.daemon.publish.store import LATEST_NAME
 from coeffd.learners.features.config import ServingConfig
 
 __all__ = ["add_parser", "rows", "run", "table"]

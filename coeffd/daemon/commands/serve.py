@@ -21,7 +21,8 @@ from coeffd.daemon.commands.common import EXIT_USAGE, add_settings_arguments, se
 from coeffd.daemon.fleet import FleetPublisher
 from coeffd.daemon.learning import ConfigResolver, LearningConsumer, ServeMetrics
 from coeffd.daemon.load import LoadController
-from coeffd.daemon.publish.snapshot import PublishPolicy, SnapshotStore
+from coeffd.daemon.publish.policy import PublishPolicy
+from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.daemon.settings import Settings
 from coeffd.learners.features.config import BasisResolver
 from coeffd.learners.registry import LearnerRegistry

@@ -1,5 +1,5 @@
 """The publish cadence: when a configuration's learners have moved enough (the
-:class:`~daemon.publish.snapshot.PublishPolicy`), a new :class:`Snapshot` goes to the
+:class:`~daemon.publish.policy.PublishPolicy`), a new :class:`Snapshot` goes to the
 writer thread, and the learning gauges (MAPE, drift, coefficients) follow.
 
 A heartbeat (the policy's ``interval`` or ``unchanged`` reasons) republishes the numbers
@@ -19,7 +19,9 @@ from coeffd.daemon.fleet import FleetPublisher
 from coeffd.daemon.learning.freshness import Freshness
 from coeffd.daemon.learning.metrics import SOURCES, ServeMetrics
 from coeffd.daemon.learning.snapshots import to_snapshot
-from coeffd.daemon.publish.snapshot import PublishPolicy, Snapshot, SnapshotStore
+from coeffd.daemon.publish.policy import PublishPolicy
+from coeffd.daemon.publish.snapshot import Snapshot
+from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.daemon.writer import Writer
 from coeffd.learners.features.config import ServingConfig
 from coeffd.learners.registry import ConfigSnapshot, LearnerRegistry

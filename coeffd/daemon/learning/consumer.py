@@ -30,7 +30,9 @@ from coeffd.daemon.learning.configs import ConfigResolver
 from coeffd.daemon.learning.freshness import Freshness
 from coeffd.daemon.learning.metrics import SOURCES, ServeMetrics, describe_configuration
 from coeffd.daemon.load import EngineSampler, LoadController, LoadShedder
-from coeffd.daemon.publish.snapshot import PublishPolicy, Snapshot, SnapshotStore
+from coeffd.daemon.publish.policy import PublishPolicy
+from coeffd.daemon.publish.snapshot import Snapshot
+from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.daemon.writer import Writer
 from coeffd.learners.features.config import ServingConfig
 from coeffd.learners.registry import ALPHA_TARGETS, LearnerRegistry, Scored
