@@ -1,6 +1,6 @@
 """The serve consumer: records → joiner → learners, on the pipeline worker.
 
-It is the one :class:`~daemon.app.Consumer` the pipeline worker drives, so nothing here
+It is the one :class:`~daemon.pipeline.Consumer` the pipeline worker drives, so nothing here
 needs a lock: the joiner, the learner registry, the snapshot store writer and the
 checkpoint writer all live on the worker thread. Readers (HTTP API, ``coeffd pull``,
 BLIS) only ever see files that were written atomically.
