@@ -16,7 +16,7 @@ signal              rule                                            settings (``
 backlog b           r = 1 while b ≤ start, min_keep once b ≥ full,  shed_start, shed_full,
 (queue fill 0..1)   linear in between                               shed_min_keep
 tick duration t     r ≤ a tick share, × min(2, √(budget / t)) per   shed_tick_budget ×
-                    tick, kept within [min_keep, 1]                 tick_interval_seconds
+                    tick, kept within [min_keep, 1]; budget 0: off  tick_interval_seconds
 step, request id    learned iff its golden-ratio hash (a request:   —
                     of the CRC of its id) is below r: even, and
                     the same on every replay at the same share
@@ -33,6 +33,8 @@ engine identity     decoded iff its hash is below e (nested: a      sample_engin
                     lower share only drops engines) …
 configuration       … or among its lowest-hash engines heard from   sample_engines_min_per_config
                     within 120 s, whatever e
+e changes           a warning "… joining a share of the engines"    —
+                    when it halves, an info when it doubles
 replay              no shedding, no sampling: it waits for room     shed_learning,
                                                                     sample_engines (false)
 ==================  ==============================================  ==============================
