@@ -394,26 +394,25 @@ class EngineState:
         why.pop("shed", None)
         out: list[StepObservation] = []
         for sp in spans:
-            reason = self._check_span(sp)
+            reason = self._period_reason(sp.period_ns, sp.half_ns, len(sp.batches))
             if reason:
                 why[reason] = why.get(reason, 0) + len(sp.batches)
                 continue
             out.append(self._span_observation(sp, s, mode))
         return out, why
 
-    def _check_span(self, sp: pinned.Span) -> str:
-        k = len(sp.batches)
-        if sp.period_ns <= 0:
+    def _period_reason(self, period_ns: float, half_ns: float, k: int = 1) -> str:
+        """Why the period of ``k`` consecutive batches is not used ("" when it is): one
+        set of rules for a step's period and for a journey span's."""
+        if period_ns <= 0:
             return "non_positive"
-        if sp.period_ns > self.cfg.max_period_ms * 1e6 * k:
+        if period_ns > self.cfg.max_period_ms * 1e6 * k:
             return "idle_gap"
         recent = self.recent_periods
-        if (
-            len(recent) >= 16
-            and sp.period_ns > self.cfg.outlier_factor * k * self._typical_period()
-        ):
+        if len(recent) >= 16 and period_ns > self.cfg.outlier_factor * k * self._typical_period():
+            # far above its neighbours: an idle gap or a stall the anchors cannot tell apart
             return "outlier_gap"
-        if sp.half_ns > self.cfg.max_uncertainty_fraction * sp.period_ns:
+        if half_ns > self.cfg.max_uncertainty_fraction * period_ns:
             return "uncertain"
         return ""
 
@@ -506,16 +505,9 @@ class EngineState:
         if lo_i[0] > lo_i[1] or hi_i[0] > hi_i[1]:
             return StepResult(None, "rejected", "inconsistent_anchors")
         mid_ns, half_ns = iv.difference(lo_i, hi_i)
-        if mid_ns <= 0:
-            return StepResult(None, "rejected", "non_positive")
-        if mid_ns > self.cfg.max_period_ms * 1e6:
-            return StepResult(None, "rejected", "idle_gap")
-        recent = self.recent_periods
-        if len(recent) >= 16 and mid_ns > self.cfg.outlier_factor * self._typical_period():
-            # far above its neighbours: an idle gap or a stall the anchors cannot tell apart
-            return StepResult(None, "rejected", "outlier_gap")
-        if half_ns > self.cfg.max_uncertainty_fraction * mid_ns:
-            return StepResult(None, "rejected", "uncertain")
+        reason = self._period_reason(mid_ns, half_ns)
+        if reason:
+            return StepResult(None, "rejected", reason)
         half_ns += self.cfg.loop_jitter_us * 1e3
         if types_lo is None and types_hi is None:
             method = PeriodMethod.CONSECUTIVE_SUMMARIES
@@ -523,7 +515,7 @@ class EngineState:
             method = PeriodMethod.COMPLETION_ANCHORS
         else:
             method = PeriodMethod.JOURNEY_ANCHORS
-        recent.append(mid_ns)
+        self.recent_periods.append(mid_ns)
         self.used.add(n)
         loop_us = (nxt_s.start_mono_ns - s.start_mono_ns) / 1e3 if nxt_s is not None else None
         comp, reqs = self._composition(n, s)
