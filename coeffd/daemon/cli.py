@@ -7,6 +7,7 @@ Each command is a module in ``daemon/commands/`` exposing ``add_parser(subparser
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -45,7 +46,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen command; returns the process exit code."""
     parser = build_parser()
     args = parser.parse_args(list(argv) if argv is not None else None)
-    code: int = args.run(args)
+    try:
+        code: int = args.run(args)
+        sys.stdout.flush()  # inside the try: a closed pipe fails here, not at exit
+    except BrokenPipeError:
+        # `coeffd pull | head`: the reader left. Python's documented recipe: point stdout
+        # at devnull so the interpreter's final flush does not raise again, and exit as
+        # a pipeline member whose reader closed early does (SIGPIPE's status).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + 13
     return code
 
 

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from coeffd.daemon.cli import build_parser, main
@@ -51,3 +56,24 @@ def test_readme_says_which_commands_take_config_and_set() -> None:
         if any("--config" in a.option_strings and a.metavar == "FILE" for a in p._actions)
     }
     assert claimed == takes
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path: Path) -> None:
+    """`coeffd basis … | head -0`: the reader has closed the pipe before coeffd writes;
+    coeffd stops quietly (no BrokenPipeError traceback on stderr) with SIGPIPE's status."""
+    batch = tmp_path / "batch.json"
+    batch.write_text(
+        json.dumps(
+            [{"input_len": 512, "progress_index": 0, "num_new_tokens": 512, "output_len": 8}]
+        )
+    )
+    argv = ["basis", "--model-config", "llama-3.1-8b-instruct", "--hardware", "H100"]
+    argv += ["--tp", "1", "--batch", str(batch)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "coeffd", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    proc.stdout.close()  # the reader leaves before the first byte
+    err = proc.stderr.read() if proc.stderr else b""
+    assert proc.wait(timeout=120) == 128 + 13, err
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err

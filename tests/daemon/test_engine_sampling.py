@@ -1,4 +1,4 @@
-"""Engine sampling (daemon.sampling): the rules of the sampler, the decoder's skip and
+"""Engine sampling (daemon.load): the rules of the sampler, the decoder's skip and
 count, and the learning consumer fed by a fleet of simfleet engines while it samples."""
 
 from __future__ import annotations

@@ -223,6 +223,8 @@ def run(args: argparse.Namespace) -> int:
         max_events=100_000,
     )
     consumer = app.consumer
+    if isinstance(consumer, LearningConsumer):
+        consumer.live_view = True
     floors, true_alpha = _truth(args.scenario, args.duration)
     note = restored_note(app)
     print(f"coeffd is learning from a simulated fleet ({args.scenario}).", flush=True)

@@ -24,7 +24,8 @@ from coeffd.daemon.publish.snapshot import Snapshot
 from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.daemon.writer import Writer
 from coeffd.learners.features.config import ServingConfig
-from coeffd.learners.registry import ConfigSnapshot, LearnerRegistry
+from coeffd.learners.registry import LearnerRegistry
+from coeffd.learners.snapshots import ConfigSnapshot
 
 __all__ = ["Pending", "Publisher"]
 

@@ -35,7 +35,9 @@ from coeffd.daemon.publish.snapshot import Snapshot
 from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.daemon.writer import Writer
 from coeffd.learners.features.config import ServingConfig
-from coeffd.learners.registry import ALPHA_TARGETS, LearnerRegistry, Scored
+from coeffd.learners.registry import LearnerRegistry
+from coeffd.learners.snapshots import Scored
+from coeffd.learners.targets import ALPHA_TARGETS
 from coeffd.receivers.joiner import Joiner
 from coeffd.receivers.otlp.decode import Decoder
 from coeffd.records.events import Record
@@ -79,6 +81,9 @@ class LearningConsumer:
         # run on the data's own time (its watermarks) or everything would expire at once.
         self.live = live
         self._clock = clock
+        #: set by the demo: build :meth:`live_rows` at each tick (serve does not pay for it)
+        self.live_view = False
+        self._live_rows: list[dict[str, Any]] = []
         #: What is decoded, joined and learned under load: the consumer steers it from
         #: the worker and asks it which requests to learn; the joiner asks it too.
         self.load = load if load is not None else LoadController()
@@ -226,6 +231,8 @@ class LearningConsumer:
         self.publisher.publish_fleet(now)
         if self.checkpointer.due(now):
             self.checkpointer.checkpoint()
+        if self.live_view:
+            self._live_rows = self._rows_now()
 
     def close(self) -> None:
         """Flush the joiner, learn the rest, publish and checkpoint a last time."""
@@ -239,6 +246,8 @@ class LearningConsumer:
             # Nothing consumed: what is on disk already is this state, and a start that
             # failed (a port in use) must leave no files behind.
             self.checkpointer.checkpoint()
+        if self.live_view:
+            self._live_rows = self._rows_now()
         self.writer.close()
         log.info(
             "learning consumer closed",
@@ -341,7 +350,13 @@ class LearningConsumer:
 
     # ---------------------------------------------------------------- views
     def live_rows(self) -> list[dict[str, Any]]:
-        """One row per configuration for a compact live view (demo)."""
+        """One row per configuration for a compact live view (demo), as of the last tick
+        (or close) with ``live_view`` set. Any thread may call this: the rows are built on
+        the worker thread, which owns the registry (reading it from another thread raced
+        with learning: "dictionary changed size during iteration")."""
+        return self._live_rows
+
+    def _rows_now(self) -> list[dict[str, Any]]:
         rows = []
         ev = self.registry.evaluator
         for cid in self.registry.ids():

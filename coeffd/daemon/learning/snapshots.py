@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from coeffd.daemon.publish.snapshot import ConfigurationRef, DriftEvent, ErrorStats, Snapshot
-from coeffd.learners.registry import ConfigSnapshot
+from coeffd.learners.snapshots import ConfigSnapshot
 from coeffd.learners.steady import TERM_HINTS
 
 __all__ = ["to_snapshot"]

@@ -142,7 +142,7 @@ class KVSubscriber:
         # (``coeffd.engine=<topic>``, which the joiner links to that engine's spans) and
         # part of the sequence key, since every engine numbers its batches from 0.
         self.topic_sources = topic_sources
-        # Engine sampling (daemon.sampling): with topic sources, the batches of engines
+        # Engine sampling (daemon.load): with topic sources, the batches of engines
         # whose spans are skipped are counted (``sampled_out``) and not turned into records.
         self.engine_filter = engine_filter if topic_sources else None
         # False when ``offer`` is the daemon pipeline, which counts accepted records itself.

@@ -206,7 +206,7 @@ class Decoder:
         self._scopes = SCOPES
         #: Engine sampling: the spans of sources for which this is False are counted in
         #: ``sampled_out`` and not decoded. The daemon wires its engine sampler's ``keep``
-        #: here (see ``daemon.sampling``); ``None`` decodes every source.
+        #: here (see ``daemon.load``); ``None`` decodes every source.
         self.source_filter: Callable[[Source], bool] | None = None
 
     @property
