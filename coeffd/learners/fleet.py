@@ -27,9 +27,13 @@ small weight: inflating its information would claim a precision its few rows do 
 Honest error: **leave one configuration out** (LOCO). For each configuration with recent
 step rows (its learner's batch-refit window), the fleet is refitted without it and scored
 on those rows (mean absolute percentage error), beside BLIS's shipped vector on the same
-rows. Two more candidates for an unseen configuration are scored the same way:
+rows. Three more candidates for an unseen configuration are scored the same way:
 ``fleet_local``, the joint fit with each configuration's weight multiplied by its
-similarity to the target (``floor + sim⁴``: same GPU, model, TP count most), and
+similarity to the target (``floor + sim⁴``: same GPU, model, TP count most);
+``fleet_factors``, the joint fit of a shared vector plus ridge-shrunk offsets per GPU,
+model family and TP degree, combined for the target's levels (:mod:`learners.fleet_factors`:
+"A100s are slower on these terms, TP-4 rings cost more per all-reduce" learned separately
+and added up for a combination nobody has deployed; its α the same way); and
 ``pooled_prior``, the registry's similarity-weighted average of learned vectors
 (:mod:`learners.prior`). :meth:`FleetModel.predict` uses the candidate with the lowest
 LOCO error on the known configurations most like the target and states as its expected error the LOCO errors of the known
@@ -56,7 +60,7 @@ standard deviation.
 >>> r.loco["c0"]["fleet"].mape < 0.01 < 0.1 < r.loco["c0"]["blis_default"].mape
 True
 >>> p = fm.predict({"model": "m", "gpu": "H100", "tp": 2})
->>> p.source in ("fleet", "fleet_local"), p.expected_error < 0.01
+>>> p.source in ("fleet", "fleet_local", "fleet_factors"), p.expected_error < 0.01
 (True, True)
 """
 
@@ -72,6 +76,7 @@ import numpy as np
 import numpy.typing as npt
 
 from coeffd.learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA
+from coeffd.learners.fleet_factors import STRENGTHS, FactorFit
 from coeffd.learners.nnls import nnls_information
 from coeffd.learners.prior import DEFAULT_SIMILARITY_WEIGHTS, PooledPrior, prior_precision
 from coeffd.learners.targets import ALPHA_TARGETS
@@ -110,7 +115,7 @@ FLEET_SIMILARITY_WEIGHTS: dict[str, float] = DEFAULT_SIMILARITY_WEIGHTS | {
 #: Largest fleet in which the ``pooled_prior`` candidate is scored (see ``result``).
 POOLED_MAX_MEMBERS = 32
 #: Candidates for an unseen configuration, scored by LOCO, plus the reference.
-SOURCES: tuple[str, ...] = ("fleet", "fleet_local", "pooled_prior")
+SOURCES: tuple[str, ...] = ("fleet", "fleet_local", "fleet_factors", "pooled_prior")
 
 
 @dataclass(frozen=True)
@@ -185,6 +190,9 @@ class FleetResult:
     summary: dict[str, float]
     best_source: str
     observations: float
+    #: ridge strengths of ``fleet_factors``' offsets chosen by LOCO (``beta`` and each α
+    #: target; :data:`learners.fleet_factors.STRENGTHS`)
+    factor_strengths: dict[str, float] = field(default_factory=dict)
 
     def loco_ratio(self, source: str = "fleet") -> dict[str, float]:
         """Per configuration: LOCO error of ``source`` / error of BLIS's defaults."""
@@ -258,6 +266,7 @@ class FleetModel:
         self.rejected = tuple(m.key for m in given if not _finite(m))
         self.members = {m.key: m for m in given if _finite(m)}
         self.pool = pool
+        self.floor = floor
         self.sharpness = sharpness
         self.local_floor = local_floor
         self.min_rows = min_rows
@@ -298,6 +307,7 @@ class FleetModel:
         self._member_sims: FloatArray | None = None
         self._full: FloatArray | None = None
         self._result: FleetResult | None = None
+        self._factors: _Factors | None = None
 
     @classmethod
     def from_registry(
@@ -434,6 +444,8 @@ class FleetModel:
             return self.fit_beta(None if exclude is None else self._without(exclude))
         if source == "fleet_local":
             return self.fit_beta(self.kernel(description, exclude))
+        if source == "fleet_factors":
+            return self.factors().beta(description, exclude)
         if source == "pooled_prior":
             pool = self.pool or self._sim
             mean = pool.prior_for(description, exclude=exclude).mean
@@ -441,6 +453,12 @@ class FleetModel:
         if source == "blis_default":
             return self._beta0.copy()
         raise KeyError(source)
+
+    def factors(self) -> _Factors:
+        """The ``fleet_factors`` candidate (built once, its strengths chosen by LOCO)."""
+        if self._factors is None:
+            self._factors = _Factors(self)
+        return self._factors
 
     # ------------------------------------------------------------------ LOCO
 
@@ -455,7 +473,7 @@ class FleetModel:
         # The pooled prior is scored only in fleets it can afford: its similarity loop is
         # Python over every pair (prior_for), ~0.3 s at 128 configurations per refit.
         pooled = self.pool is not None and len(self.members) <= POOLED_MAX_MEMBERS
-        sources = SOURCES if pooled else SOURCES[:2]
+        sources = tuple(s for s in SOURCES if pooled or s != "pooled_prior")
         for k, m in self.members.items():
             if m.rows_x is None or m.rows_y is None or len(m.rows_y) < self.min_rows:
                 continue
@@ -483,6 +501,7 @@ class FleetModel:
             summary=summary,
             best_source=best,
             observations=float(sum(m.beta_n for m in self.members.values())),
+            factor_strengths=self.factors().strengths if loco else {},
         )
         return self._result
 
@@ -521,7 +540,10 @@ class FleetModel:
         found = stats.get(src) or self._relatives_error(src, kern)
         expected = found[0] + found[1] if found else None
         beta = self.candidate_beta(src, description, exclude=key)
-        alpha = self.fit_alpha(kern if src != "fleet" else None)
+        if src == "fleet_factors":
+            alpha = self.factors().alpha(description, key)
+        else:
+            alpha = self.fit_alpha(kern if src != "fleet" else None)
         ranked = sorted(kern, key=lambda k: -kern[k])[:3]
         return Prediction(
             tuple(float(v) for v in alpha),
@@ -547,3 +569,107 @@ class FleetModel:
         e = np.array([e[1] for e in errs])
         mean = float(w @ e / w.sum())
         return mean, math.sqrt(float(w @ (e - mean) ** 2 / w.sum()))
+
+
+class _Factors:
+    """The ``fleet_factors`` candidate of a :class:`FleetModel`: :class:`FactorFit` on β
+    and on each α target over the model's weighted statistics and priors, each ridge
+    strength the one of :data:`STRENGTHS` with the lowest leave-one-configuration-out
+    error (β: step-time MAPE on the members' rows, as the other candidates are scored;
+    α: relative error against each member's own estimate)."""
+
+    def __init__(self, fm: FleetModel) -> None:
+        self._fm = fm
+        self._row = {k: i for i, k in enumerate(fm.members)}
+        members = list(fm.members.values())
+        self._info = fm._a0 + fm._wa.sum(axis=0)  # the metric of the non-negative projection
+        self.beta_fit = FactorFit(
+            fm._wa,
+            fm._wb,
+            fm._descs,
+            prior_a=fm._a0,
+            prior_b=fm._b0,
+            scale=prior_precision(fm._beta0, 1.0, fm.floor),
+            n_ref=_median_positive([m.beta_n for m in members]),
+        )
+        self.strengths: dict[str, float] = {}
+        self._loco: dict[str, FloatArray] = {}
+        best = math.inf
+        for lam in STRENGTHS:
+            loco = self.beta_fit.loco(lam)
+            preds, errs = {}, []
+            for k, m in fm.members.items():
+                preds[k] = self._project(loco[self._row[k]], k)
+                if m.rows_x is not None and m.rows_y is not None and len(m.rows_y) >= fm.min_rows:
+                    errs.append(float(np.mean(np.abs(m.rows_x @ preds[k] - m.rows_y) / m.rows_y)))
+            err = float(np.mean(errs)) if errs else math.inf
+            if err < best or "beta" not in self.strengths:
+                best, self.strengths["beta"], self._loco = err, lam, preds
+        self.alpha_fits = []
+        for j, target in enumerate(ALPHA_TARGETS):
+            w = fm._alpha_w[j]
+            a = np.array([[[w[m.key] * m.alpha_a[j]]] for m in members]).reshape(-1, 1, 1)
+            b = np.array([[w[m.key] * m.alpha_b[j]] for m in members]).reshape(-1, 1)
+            p = fm._alpha_p[j : j + 1]
+            fit = FactorFit(
+                a,
+                b,
+                fm._descs,
+                prior_a=np.diag(p),
+                prior_b=p * fm._alpha0[j : j + 1],
+                scale=prior_precision(fm._alpha0[j : j + 1], 1.0, fm.floor),
+                n_ref=_median_positive([m.alpha_n[j] for m in members]),
+            )
+            own = [
+                (i, m.alpha_b[j] / m.alpha_a[j])
+                for i, m in enumerate(members)
+                if m.alpha_n[j] >= fm.min_rows and m.alpha_a[j] > 0 and m.alpha_b[j] > 0
+            ]
+            errs_by = {}
+            for lam in STRENGTHS if own else ():
+                loco = fit.loco(lam)[:, 0]
+                errs_by[lam] = float(np.mean([abs(loco[i] / v - 1.0) for i, v in own]))
+            self.strengths[target] = min(errs_by, key=lambda v: errs_by[v]) if errs_by else 0.1
+            self.alpha_fits.append(fit)
+
+    def _project(self, theta: FloatArray, exclude: str | None) -> FloatArray:
+        """``theta`` if non-negative, else the nearest non-negative vector in the fleet's
+        information metric (the step times of the fleet's batches change least)."""
+        if not np.all(np.isfinite(theta)):
+            return self._fm._beta0.copy()
+        if np.all(theta >= 0):
+            return theta
+        info = self._info
+        i = self._row.get(exclude) if exclude is not None else None
+        if i is not None:
+            info = info - self._fm._wa[i]
+        try:
+            out = nnls_information(info, info @ theta)
+        except (ValueError, np.linalg.LinAlgError):
+            return self._fm._beta0.copy()
+        return out if _valid(out, len(theta)) else self._fm._beta0.copy()
+
+    def _phi(self, fit: FactorFit, strength: float, exclude: str | None) -> FloatArray:
+        i = self._row.get(exclude) if exclude is not None else None
+        return fit.solve(strength) if i is None else fit.without(i, strength)
+
+    def beta(self, description: Mapping[str, Any], exclude: str | None = None) -> FloatArray:
+        """β for ``description`` (``exclude``: a member left out of the fit)."""
+        if exclude in self._loco and self._fm._desc_row.get(id(description)) == self._row[exclude]:
+            return self._loco[exclude].copy()  # a member left out and scored: precomputed
+        lam = self.strengths["beta"]
+        theta = self.beta_fit.predict(self._phi(self.beta_fit, lam, exclude), description)
+        return self._project(theta, exclude)
+
+    def alpha(self, description: Mapping[str, Any], exclude: str | None = None) -> FloatArray:
+        """α for ``description``, each target's fit at its own strength."""
+        out = np.empty(len(ALPHA_TARGETS))
+        for j, (fit, target) in enumerate(zip(self.alpha_fits, ALPHA_TARGETS, strict=True)):
+            v = float(fit.predict(self._phi(fit, self.strengths[target], exclude), description)[0])
+            out[j] = max(v, 0.0) if math.isfinite(v) else self._fm._alpha0[j]
+        return out
+
+
+def _median_positive(values: Sequence[float]) -> float:
+    pos = [v for v in values if v > 0]
+    return statistics.median(pos) if pos else 1.0

@@ -15,7 +15,7 @@ from coeffd.daemon.fleet import FleetPublisher
 from coeffd.daemon.publish.snapshot import validate_for_blis
 from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.learners.features.config import ServingConfig
-from coeffd.learners.fleet import FLEET_ID, FleetModel, MemberStats
+from coeffd.learners.fleet import FLEET_ID, SOURCES, FleetModel, MemberStats
 from coeffd.learners.registry import LearnerRegistry
 from coeffd.receivers.joiner import Joiner
 from coeffd.receivers.otlp.decode import Decoder
@@ -58,7 +58,7 @@ def test_loco_beats_blis_defaults_on_every_configuration(learned) -> None:
         # the truth's shared part is learnable, BLIS's vector is off by 20-30 % here
         assert row["fleet"].mape < 0.5 * row["blis_default"].mape, cid
         assert row["fleet"].n >= 20
-    assert r.best_source in ("fleet", "fleet_local", "pooled_prior")
+    assert r.best_source in SOURCES
     assert r.summary[r.best_source] == min(r.summary[s] for s in r.summary if s != "blis_default")
 
 
@@ -137,7 +137,7 @@ def test_prediction_for_unseen_configuration(learned) -> None:
     validate_for_blis(p.alpha, p.beta)
     # the source with the lowest LOCO error on its relatives
     kern = fm.kernel(desc.to_dict())
-    rel = {s: fm._relatives_error(s, kern) for s in ("fleet", "fleet_local", "pooled_prior")}
+    rel = {s: fm._relatives_error(s, kern) for s in SOURCES}
     assert p.source == min(rel, key=lambda s: rel[s][0])  # type: ignore[index]
     assert p.expected_error is not None and 0 < p.expected_error < 0.2
     # the similar configurations come first: same model or GPU/TP
