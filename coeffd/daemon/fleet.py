@@ -68,6 +68,7 @@ def fleet_snapshot(result: FleetResult, version: int, wall_ns: int | None = None
                 "members": list(result.members),
                 "weights": result.weights,
                 "best_prediction_source": result.best_source,
+                "factor_strengths": result.factor_strengths,
             },
         ),
         version=version,

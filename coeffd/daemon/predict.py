@@ -6,8 +6,8 @@ prefix may be kept): ``/v1/predict?model=llama-3.1-70b-instruct&gpu=H200&tp=4``.
 
 The answer is the configuration's own published coefficients when coeffd has learned it
 (``source: configuration``), else the fleet model's best prediction for it
-(``fleet``, ``fleet_local`` or ``pooled_prior``, chosen by leave-one-configuration-out
-error; :mod:`learners.fleet`), else BLIS's shipped vector (``blis_default``). Every
+(``fleet``, ``fleet_local``, ``fleet_factors`` or ``pooled_prior``, chosen by
+leave-one-configuration-out error; :mod:`learners.fleet`), else BLIS's shipped vector (``blis_default``). Every
 answer states its ``expected_error`` (step-time MAPE): the configuration's own
 prequential error, or the LOCO error of the known configurations most like it.
 

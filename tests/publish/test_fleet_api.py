@@ -3,6 +3,7 @@ files, ``coeffd pull`` as a subprocess."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import urllib.error
@@ -27,7 +28,7 @@ from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.learners.features import BLIS_DEFAULT_BETA, MODELS, BlisBasis, load_hardware
 from coeffd.learners.features.catalog import model_config
 from coeffd.learners.features.config import ServingConfig
-from coeffd.learners.fleet import FLEET_ID, FleetModel, MemberStats
+from coeffd.learners.fleet import FLEET_ID, FleetModel, LocoError, MemberStats
 from coeffd.learners.registry import LearnerRegistry
 from coeffd.learners.synthetic import synth_steps
 
@@ -274,3 +275,43 @@ def test_pull_describe_usage_errors(args) -> None:
     from coeffd.daemon.commands import pull
 
     assert pull.main(["--server", "http://127.0.0.1:9", *args]) == 2
+
+
+def test_pull_defaults_refuses_a_fleet_vector_worse_than_blis_defaults(tmp_path) -> None:
+    # early in a demo: a fleet fitted on a few seconds of data, its LOCO error above the
+    # defaults' on the same steps (the numbers a real fleet had after ~40 s)
+    members = [_member(c, i) for i, c in enumerate(KNOWN)]
+    fit = FleetModel(members).result()
+    loco = {
+        m.key: {"fleet": LocoError(0.175, 300), "blis_default": LocoError(0.082, 300)}
+        for m in members
+    }
+    worse = dataclasses.replace(fit, loco=loco, summary={"fleet": 0.175, "blis_default": 0.082})
+    store = SnapshotStore(tmp_path / "snaps")
+    for cfg in KNOWN:
+        store.publish(make_snapshot(cfg.id, 1))
+    store.publish(fleet_snapshot(worse, 4))
+    server = HttpServer("127.0.0.1", 0, name="test-api")
+    api.mount(server.router, store)
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{server.port}"
+        target = _defaults(tmp_path)
+        before = target.read_bytes()
+        for extra in ([], ["--dry-run"], ["--format", "blis-args"]):
+            proc = _pull("--server", url, "--defaults", str(target), *extra)
+            assert proc.returncode == 1, proc.stderr
+            assert "17.5 %" in proc.stderr and "8.2 %" in proc.stderr  # both errors named
+            assert "--force" in proc.stderr and "--config" in proc.stderr
+            assert target.read_bytes() == before and proc.stdout == ""
+        proc = _pull("--server", url, "--defaults", str(target), "--force")
+        assert proc.returncode == 0, proc.stderr
+        fleet = store.latest(FLEET_ID)
+        assert fleet is not None
+        assert validate_defaults_yaml(target) == (list(fleet.alpha), list(fleet.beta))
+        text = target.read_text()
+        assert "step-time error 17.5 % (BLIS defaults 8.2 %)" in text  # said in the file too
+        # --force without --defaults is a usage error
+        assert _pull("--server", url, "--force").returncode == 2
+    finally:
+        server.stop()

@@ -22,6 +22,9 @@ read here; only its name and hash are sent.
 --defaults on a server with several configurations writes the fleet vector (one α/β
 fitted over all of them, snapshot "fleet") with a comment giving its leave-one-
 configuration-out error, never one configuration's vector, unless --config names one.
+It refuses (file untouched) while that error is not below BLIS's shipped defaults' on the
+same configurations' steps (early on, a fleet fitted on a few seconds of data is worse
+than the vector it would replace), naming both errors; --force writes it anyway.
 
 --defaults rewrites only the coefficient block of a BLIS defaults.yaml, atomically,
 through a symlink to the file it points at, keeping every other line, comment and the
@@ -198,6 +201,12 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --defaults: keep the previous file as PATH.bak",
     )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="with --defaults: write the fleet vector even when its leave-one-configuration-"
+        "out error is not below BLIS's defaults'",
+    )
 
 
 def fetch_json(url: str, timeout: float) -> Any:
@@ -337,8 +346,8 @@ def pull(args: argparse.Namespace) -> str:
             f"--format {fmt} does not go with --defaults (which writes the YAML block); "
             "drop one of them, or use --format blis-args to print the blis run arguments"
         )
-    if (args.dry_run or args.backup) and not args.defaults:
-        raise UsageError("--dry-run and --backup go with --defaults PATH")
+    if (args.dry_run or args.backup or args.force) and not args.defaults:
+        raise UsageError("--dry-run, --backup and --force go with --defaults PATH")
     described = describe_args(args)
     if described is not None:
         return _pull_prediction(args, server, described)
@@ -364,6 +373,8 @@ def pull(args: argparse.Namespace) -> str:
     comment = config_comment(snap) if args.defaults and _has_own_comment(args.defaults) else None
     what = None
     if snap.config_id == FLEET_ID:
+        if not args.force:
+            refuse_worse_fleet(snap, args.defaults)
         comment, what = fleet_comment(snap), f"the fleet vector, version {snap.version}"
     return "\n".join(_write_and_format(args, snap, url, comment, what))
 
@@ -470,6 +481,26 @@ def _pct(e: Any) -> str:
 
 def _when(wall_ns: int) -> str:
     return datetime.fromtimestamp(wall_ns / 1e9, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def refuse_worse_fleet(snap: Snapshot, path: str) -> None:
+    """``PullError`` when the fleet vector's LOCO error is not below BLIS's defaults' on the
+    same steps: writing it would make ``path`` worse than the vector it replaces (with
+    no LOCO yet there is nothing to compare, and the comment says "unknown")."""
+    mean = snap.loco.get("mean", {})
+    fleet, default = mean.get("fleet"), mean.get("blis_default")
+    if fleet is None or default is None or fleet.mape is None or default.mape is None:
+        return
+    if fleet.mape < default.mape:
+        return
+    n = snap.observations.get("configurations", 0)
+    raise PullError(
+        f"not writing {path}: the fleet vector (version {snap.version}, {n} configurations) "
+        f"has a leave-one-configuration-out step-time error of {_pct(fleet)}, no better than "
+        f"BLIS's shipped defaults' {_pct(default)} on the same steps, so it would replace a "
+        "better vector. Let coeffd learn longer (the fleet improves as configurations gather "
+        "steps), pick one configuration with --config ID, or write it anyway with --force"
+    )
 
 
 def fleet_comment(snap: Snapshot) -> str:
