@@ -69,6 +69,7 @@ def fleet_snapshot(result: FleetResult, version: int, wall_ns: int | None = None
                 "weights": result.weights,
                 "best_prediction_source": result.best_source,
                 "factor_strengths": result.factor_strengths,
+                "factor_alpha_from": result.factor_alpha_from,
             },
         ),
         version=version,

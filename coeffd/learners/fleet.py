@@ -193,6 +193,8 @@ class FleetResult:
     #: ridge strengths of ``fleet_factors``' offsets chosen by LOCO (``beta`` and each α
     #: target; :data:`learners.fleet_factors.STRENGTHS`)
     factor_strengths: dict[str, float] = field(default_factory=dict)
+    #: where ``fleet_factors`` takes each α target from (``factors`` or ``kernel``), by LOCO
+    factor_alpha_from: dict[str, str] = field(default_factory=dict)
 
     def loco_ratio(self, source: str = "fleet") -> dict[str, float]:
         """Per configuration: LOCO error of ``source`` / error of BLIS's defaults."""
@@ -502,6 +504,7 @@ class FleetModel:
             best_source=best,
             observations=float(sum(m.beta_n for m in self.members.values())),
             factor_strengths=self.factors().strengths if loco else {},
+            factor_alpha_from=self.factors().alpha_from if loco else {},
         )
         return self._result
 
@@ -606,6 +609,15 @@ class _Factors:
             if err < best or "beta" not in self.strengths:
                 best, self.strengths["beta"], self._loco = err, lam, preds
         self.alpha_fits = []
+        # Each α target comes from the factors or, where its LOCO error is lower, from the
+        # similarity-weighted joint fit (``fleet_local``'s α): an intercept per request has
+        # no basis to carry the physics, and the relatives may know it better than the
+        # additive levels (bench fleet: α0 LOCO 4.0 % with the kernel, 4.5 % by factors).
+        kernel_alpha = {
+            k: fm.fit_alpha(fm.kernel(m.description, exclude=k)) for k, m in fm.members.items()
+        }
+        #: per α target: ``factors`` or ``kernel``
+        self.alpha_from: dict[str, str] = {}
         for j, target in enumerate(ALPHA_TARGETS):
             w = fm._alpha_w[j]
             a = np.array([[[w[m.key] * m.alpha_a[j]]] for m in members]).reshape(-1, 1, 1)
@@ -631,6 +643,13 @@ class _Factors:
                 errs_by[lam] = float(np.mean([abs(loco[i] / v - 1.0) for i, v in own]))
             self.strengths[target] = min(errs_by, key=lambda v: errs_by[v]) if errs_by else 0.1
             self.alpha_fits.append(fit)
+            kernel_err = (
+                float(np.mean([abs(kernel_alpha[members[i].key][j] / v - 1.0) for i, v in own]))
+                if own
+                else math.inf
+            )
+            best = errs_by.get(self.strengths[target], math.inf)
+            self.alpha_from[target] = "kernel" if kernel_err < best else "factors"
 
     def _project(self, theta: FloatArray, exclude: str | None) -> FloatArray:
         """``theta`` if non-negative, else the nearest non-negative vector in the fleet's
@@ -662,9 +681,16 @@ class _Factors:
         return self._project(theta, exclude)
 
     def alpha(self, description: Mapping[str, Any], exclude: str | None = None) -> FloatArray:
-        """α for ``description``, each target's fit at its own strength."""
+        """α for ``description``: each target from its factors at their own strength, or
+        from the similarity-weighted joint fit where that has the lower LOCO error."""
         out = np.empty(len(ALPHA_TARGETS))
+        kernel: FloatArray | None = None
         for j, (fit, target) in enumerate(zip(self.alpha_fits, ALPHA_TARGETS, strict=True)):
+            if self.alpha_from.get(target) == "kernel":
+                if kernel is None:
+                    kernel = self._fm.fit_alpha(self._fm.kernel(description, exclude=exclude))
+                out[j] = kernel[j]
+                continue
             v = float(fit.predict(self._phi(fit, self.strengths[target], exclude), description)[0])
             out[j] = max(v, 0.0) if math.isfinite(v) else self._fm._alpha0[j]
         return out
