@@ -33,7 +33,8 @@ similarity to the target (``floor + sim⁴``: same GPU, model, TP count most);
 ``fleet_factors``, the joint fit of a shared vector plus ridge-shrunk offsets per GPU,
 model family and TP degree, combined for the target's levels (:mod:`learners.fleet_factors`:
 "A100s are slower on these terms, TP-4 rings cost more per all-reduce" learned separately
-and added up for a combination nobody has deployed; its α the same way); and
+and added up for a combination nobody has deployed; each α target the same way, or from
+the similarity-weighted joint fit where that has the lower LOCO error); and
 ``pooled_prior``, the registry's similarity-weighted average of learned vectors
 (:mod:`learners.prior`). :meth:`FleetModel.predict` uses the candidate with the lowest
 LOCO error on the known configurations most like the target and states as its expected error the LOCO errors of the known

@@ -12,6 +12,7 @@ from coeffd.learners.features.config import ServingConfig
 from coeffd.learners.fleet import SOURCES, FleetModel, MemberStats
 from coeffd.learners.fleet_factors import STRENGTHS
 from coeffd.learners.synthetic import synth_steps
+from coeffd.learners.targets import ALPHA_TARGETS
 
 SIGMA = 0.02  # relative step-time noise of every synthetic row
 ROWS = 400
@@ -92,6 +93,8 @@ def test_factors_beat_the_fleet_vector_on_an_unseen_combination(fleet) -> None:
     r = fm.result()
     assert r.summary["fleet_factors"] < r.summary["fleet"]
     assert r.factor_strengths["beta"] in STRENGTHS
+    assert set(r.factor_alpha_from) == set(ALPHA_TARGETS)
+    assert set(r.factor_alpha_from.values()) <= {"factors", "kernel"}
 
 
 def test_predict_uses_the_factors_and_states_an_honest_error(fleet) -> None:
