@@ -105,6 +105,8 @@ class LearnerRegistry:
         self._parked: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._bad_configs: set[str] = set()
         self.rejected = 0
+        #: step observations left out for an approximate composition (LearnerSet._exact_first)
+        self.approximate_skipped = 0
         self.evictions = 0
 
     def __len__(self) -> int:
@@ -156,6 +158,8 @@ class LearnerRegistry:
 
     def learn(self, config: ServingConfig, obs: Observation) -> list[Scored]:
         """Predict-then-learn one observation of ``config``; returns the scored predictions."""
+        if isinstance(obs, StepObservation):
+            return self.learn_steps(config, [obs])
         ls = self.ensure(config)
         out = ls.learn(obs, self.evaluator)
         if not out:
@@ -165,8 +169,11 @@ class LearnerRegistry:
     def learn_steps(self, config: ServingConfig, steps: Sequence[StepObservation]) -> list[Scored]:
         """:meth:`learn` for many step observations of one configuration (vectorised)."""
         ls = self.ensure(config)
+        skipped = ls.approximate_skipped
         out = ls.learn_steps(steps, self.evaluator)
-        self.rejected += len(steps) - len(out)
+        skipped = ls.approximate_skipped - skipped
+        self.approximate_skipped += skipped
+        self.rejected += len(steps) - len(out) - skipped
         return out
 
     # -------------------------------------------------------------- output
@@ -320,5 +327,9 @@ class LearnerRegistry:
         ls.observations = int(state["observations"])
         ls.created_wall_ns = int(state["created_wall_ns"])
         ls.updated_wall_ns = int(state["updated_wall_ns"])
+        # absent in checkpoints from before it existed (then: decided afresh)
+        share, rows = state.get("exact_share", 0.0), state.get("exact_rows", 0)
+        if isinstance(share, int | float) and 0 <= share <= 1 and isinstance(rows, int):
+            ls.exact_share, ls.exact_rows = float(share), max(0, rows)
         ls._steady_state = dict(state.get("steady") or {})
         return ls

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 
 from coeffd.learners.features.config import ServingConfig
 from coeffd.learners.registry import LearnerRegistry
 from coeffd.receivers.joiner import Joiner
 from coeffd.receivers.otlp.decode import Decoder
-from coeffd.records.observations import StepObservation
+from coeffd.records.observations import Composition, StepObservation
 from coeffd.simfleet import SampleRates, run
 
 
@@ -38,7 +39,9 @@ def test_learn_steps_equals_one_by_one() -> None:
     bat = []
     for i in range(0, len(steps), 37):
         bat.extend(many.learn_steps(cfg, steps[i : i + 37]))
-    assert len(seq) == len(bat) == len(steps)
+    # summary-only steps are left out the same way one by one and in batches
+    assert one.approximate_skipped == many.approximate_skipped < len(steps) / 10
+    assert len(seq) == len(bat) == len(steps) - one.approximate_skipped
     for a, b in zip(seq, bat, strict=True):
         assert a.y == b.y and a.regime == b.regime
         assert a.predictions.keys() == b.predictions.keys()
@@ -55,3 +58,25 @@ def test_learn_steps_equals_one_by_one() -> None:
                 other = sb.errors[target][source][regime]
                 assert stats["n"] == other["n"], (target, source, regime)
                 np.testing.assert_allclose(stats["mape"], other["mape"], rtol=1e-6)
+
+
+def test_summary_only_steps_are_learned_only_when_nothing_better_flows() -> None:
+    """Steps known only by their BATCH_SUMMARY totals have estimated terms (decode context
+    from KV blocks, which prefix sharing makes too low): left out while steps with their
+    requests flow, counted, and learned when they are all there is."""
+    steps = _steps()
+    cfg = ServingConfig.from_resource(steps[0].source)
+    exact = [s for s in steps if s.requests and s.composition is not Composition.AGGREGATES]
+    approx = [msgspec.structs.replace(s, composition=Composition.AGGREGATES) for s in exact]
+    half = len(exact) // 2
+    assert half > 1000
+    # a run of 300 summary-only steps in an exact stream (a burst): the run is left out
+    mixed = exact[:half] + approx[half : half + 300] + exact[half + 300 :]
+    reg = LearnerRegistry()
+    scored = reg.learn_steps(cfg, mixed)
+    assert reg.approximate_skipped == 300 and reg.rejected == 0
+    assert len(scored) == len(mixed) - 300
+    # no journeys traced: the totals are what there is, and every one is learned
+    only = LearnerRegistry()
+    assert len(only.learn_steps(cfg, approx)) == len(approx)
+    assert only.approximate_skipped == 0

@@ -296,7 +296,9 @@ class LearningConsumer:
                 for s in scored:
                     self._record(cid, s)
         for cid, (cfg, batch) in steps.items():
+            skipped = self.registry.approximate_skipped
             scored = self.registry.learn_steps(cfg, batch)
+            self.metrics.approximate.inc(self.registry.approximate_skipped - skipped)
             if not scored:
                 continue
             self.observations += len(scored)

@@ -91,6 +91,12 @@ class ServeMetrics:
             ["config", "target"],
             registry=registry,
         )
+        self.approximate = Counter(
+            "coeffd_step_observations_approximate_total",
+            "Step observations with only BATCH_SUMMARY totals, not learned while most "
+            "steps of their configuration come with per-request compositions.",
+            registry=registry,
+        )
         self.unresolved = Counter(
             "coeffd_observations_unconfigured_total",
             "Observations skipped because their source names no usable configuration.",
