@@ -212,3 +212,25 @@ def test_publish_policy_judges_beta_by_the_step_times_of_recent_batches() -> Non
     # α still judged coefficient by coefficient
     alpha = [a * 1.1 for a in prev.alpha]
     assert policy.decide(prev, alpha, base, now, 0, recent) == (True, "significant_change")
+
+
+def test_publish_policy_refines_an_estimate_learned_from_twice_the_observations() -> None:
+    """Below the threshold, numbers are republished once the β learner has learned twice
+    what the published ones were fitted on (an early estimate must not stay for good),
+    and never when they did not change."""
+    import numpy as np
+
+    policy = PublishPolicy(interval_s=60, relative_threshold=0.05, step_time_threshold=0.005)
+    prev = make_snapshot("cfg", 1)
+    now = prev.wall_ns + 1_000_000_000
+    recent = np.zeros((2, 11))
+    recent[:, 9] = [2000.0, 1000.0]
+    small = np.asarray(prev.beta).copy()
+    small[9] *= 1.004  # < 0.5 % on every batch
+    decide = policy.decide
+    assert decide(prev, prev.alpha, small, now, 0, recent, 1999, 1000) == (False, "unchanged")
+    assert decide(prev, prev.alpha, small, now, 0, recent, 2000, 1000) == (True, "refined")
+    same = tuple(prev.beta)
+    assert decide(prev, prev.alpha, same, now, 0, recent, 4000, 1000) == (False, "unchanged")
+    # no record of what the numbers were fitted on: the threshold alone decides
+    assert decide(prev, prev.alpha, small, now, 0, recent, 4000, None) == (False, "unchanged")

@@ -63,6 +63,8 @@ class Publisher:
     _pending: dict[str, Pending] = field(default_factory=dict)
     _last: dict[str, Snapshot] = field(default_factory=dict)  # last handed to the writer
     _next_version: dict[str, int] = field(default_factory=dict)
+    #: observations behind the numbers last published (not a heartbeat's)
+    _fitted_on: dict[str, int] = field(default_factory=dict)
 
     def pending(self, cid: str, now: float) -> Pending:
         """What the next snapshot of ``cid`` includes (it has learned something new)."""
@@ -109,9 +111,15 @@ class Publisher:
         if previous is None and cid not in self._next_version:
             previous = self.store.latest(cid)  # after a restart: what is on disk
         now_ns = int(now * 1e9)
+        beta = cs.vectors.get("beta")
+        learned = beta.observations if beta is not None else 0
+        fitted_on = self._fitted_on.get(cid)
+        if fitted_on is None and previous is not None:
+            fitted_on = previous.observations.get("beta")  # after a restart: as on disk
         ok, reason = self.policy.decide(
-            previous, cs.alpha, cs.beta, now_ns, cs.observations, cs.recent_terms
-        )
+            previous, cs.alpha, cs.beta, now_ns, cs.observations, cs.recent_terms,
+            learned, fitted_on,
+        )  # fmt: skip
         if reason == "invalid":
             # The registry only hands out valid vectors; refusing here is the last guard.
             self.metrics.publish_refused.labels(cid).inc()
@@ -132,6 +140,8 @@ class Publisher:
         if previous is not None and reason in ("interval", "unchanged"):
             # a heartbeat: fresh provenance, the numbers users already have
             snap = msgspec.structs.replace(snap, alpha=previous.alpha, beta=previous.beta)
+        else:
+            self._fitted_on[cid] = learned
         self._last[cid] = snap
         self.freshness.handed(cid, version, p.first_arrival, p.first_step_arrival)
         self.writer.submit_snapshot(snap)
