@@ -73,6 +73,16 @@ NOISELESS = Noise(sigma=0.0, stall_rate=0.0, stall_us=0.0, alpha_sigma=0.0, kv_s
 LOADS: dict[str, float] = {"low": 0.3, "medium": 0.6, "near_saturation": 0.85}
 METRICS: tuple[str, ...] = ("mean_ttft", "p50_ttft", "p99_ttft", "mean_e2e", "p50_e2e", "p99_e2e")
 TARGET = 0.01  # |relative difference| below saturation, every-step sampling
+#: The resolution runs scale the true β by 1 ± this: a metric that moves more than
+#: TARGET for it cannot be judged at TARGET (bench closedloop, seeds 1-2: p99 TTFT moved
+#: −2.6…+1.2 % for the truth 0.1 % off; means and E2E ≤ 0.2 %).
+RESOLUTION = 0.001
+
+
+def resolution_name(factor: float) -> str:
+    """The run name of the truth scaled by ``factor`` (e.g. ``truth×1.001``)."""
+    return f"truth×{factor:.3f}"
+
 
 #: Configurations the closed loop knows: (serving, workload of the learning run).
 CONFIGURATIONS: dict[str, ServingConfig] = {
@@ -400,13 +410,15 @@ def run(
     serve_duration_s: float | None = None,
     settings: Mapping[str, Any] | None = None,
     log: Any = None,
+    resolution: bool = False,
 ) -> ClosedLoopResult:
     """Learn at each sampling, then serve each load with truth / pulled / BLIS defaults.
 
     ``sample_rates``: name → simfleet sample rates (default: ``default`` and ``dense``).
     ``learn_load``: the learning run's load, as a fraction of capacity. ``settings``:
     daemon settings overrides for the learning runs (nested dict). ``log``: a callable
-    taking one line (progress), e.g. ``print``.
+    taking one line (progress), e.g. ``print``. ``resolution``: also serve with the true
+    β scaled by 1 ± :data:`RESOLUTION` (runs named by :func:`resolution_name`).
     """
     rates = dict(sample_rates or {"default": DEFAULT_RATES, "dense": DENSE_RATES})
     load_map = dict(loads or LOADS)
@@ -432,6 +444,11 @@ def run(
             "blis_default": (BLIS_ALPHA, BLIS_BETA),
             **{name: (p.alpha, p.beta) for name, p in pulled.items()},
         }
+        if resolution:
+            # the truth itself 0.1 % off: how far a metric moves for an error no learner
+            # can avoid (a p99 over a few thousand requests jumps with the batching)
+            for f in (1 + RESOLUTION, 1 - RESOLUTION):
+                vectors[resolution_name(f)] = (truth.alpha, tuple(b * f for b in truth.beta))
         load_results = []
         for load, frac in load_map.items():
             rate = frac * cap
@@ -553,6 +570,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         duration_s=duration,
         seeds=seeds,
         log=print,
+        resolution=True,
     )
     print(f"\n== summary ({time.perf_counter() - t0:.0f} s): worst |difference| over seeds")
     ok = True
@@ -562,10 +580,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             w = res.worst(name, m, below)
             sat = res.worst(name, m, ("near_saturation",))
             if name == "dense":
-                passed = w <= TARGET
+                # what the truth itself 0.1 % off moves this metric by: the resolution
+                floor = max(
+                    res.worst(resolution_name(1 + s * RESOLUTION), m, below) for s in (1, -1)
+                )
+                limit = max(TARGET, floor)
+                passed = w <= limit
                 ok &= passed
                 tag = "PASS" if passed else "FAIL"
                 target = f"≤ {TARGET:.0%} below saturation"
+                if floor > TARGET:
+                    target += f"; the truth 0.1 % off moves it {floor * 100:.2f}%: judged at that"
             else:
                 tag, target = "INFO", "(info)"
             print(

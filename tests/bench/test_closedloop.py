@@ -9,9 +9,11 @@ from dataclasses import replace
 
 from bench.closedloop import (
     DENSE_RATES,
+    RESOLUTION,
     engine_spec,
     latency,
     regime_terms,
+    resolution_name,
     run,
     serve,
     with_coefficients,
@@ -45,13 +47,17 @@ def test_pulled_coefficients_judged_against_truth_and_blis_defaults() -> None:
         serve_duration_s=40.0,
         # learn most of the 40 s: the joiner holds the last window_s of data back
         settings={"joiner": {"window_s": 5.0}},
+        resolution=True,
     )
     (seed,) = res.seeds
     pulled = seed.pulled["dense"]
     assert pulled.version >= 1 and pulled.observations > 500
     assert len(pulled.alpha) == 3 and len(pulled.beta) == 11
     (lr,) = seed.loads
-    assert set(lr.runs) == {"blis_default", "dense"} and lr.truth.requests > 50
+    up, down = resolution_name(1 + RESOLUTION), resolution_name(1 - RESOLUTION)
+    assert set(lr.runs) == {"blis_default", "dense", up, down} and lr.truth.requests > 50
+    # the truth 0.1 % slower / faster: the mean E2E follows its sign, by well under 1 %
+    assert 0 < lr.diffs[up]["mean_e2e"] < 0.01 and -0.01 < lr.diffs[down]["mean_e2e"] < 0
     # BLIS's shipped defaults are ~15-20 % off this configuration's truth; coefficients
     # learned from every step of 40 s must be closer on every statistic that averages
     for m in ("mean_ttft", "mean_e2e", "p50_e2e"):
