@@ -30,13 +30,12 @@ from coeffd.learners.evaluation import (
 from coeffd.learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA, TERM_NAMES, BlisBasis
 from coeffd.learners.features.config import ServingConfig
 from coeffd.learners.features.extended import extended_terms
-from coeffd.learners.features.observe import kv_bytes_per_block, step_features
+from coeffd.learners.features.observe import has_requests, kv_bytes_per_block, step_features
 from coeffd.learners.rls import RLSRegressor
 from coeffd.learners.snapshots import Scored, VectorSnapshot
 from coeffd.learners.steady import STEADY, SteadyEstimator, identified_fit, term_sources
 from coeffd.learners.targets import ALPHA_TARGETS, make_learner
 from coeffd.records.observations import (
-    Composition,
     KVTransferObservation,
     Observation,
     RequestObservation,
@@ -309,7 +308,7 @@ class LearnerSet:
         keep: list[StepObservation] = []
         share, n = self.exact_share, self.exact_rows
         for obs in steps:
-            exact = bool(obs.requests) and obs.composition is not Composition.AGGREGATES
+            exact = has_requests(obs)
             # a running mean at first: the first rows already tell what this stream
             # carries (a long-memory learner would keep early summary-only rows for
             # ~10,000 rows)

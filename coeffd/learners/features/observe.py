@@ -31,9 +31,16 @@ from coeffd.records.observations import (
 __all__ = [
     "aggregates_from_requests",
     "fill_transfer_bytes",
+    "has_requests",
     "kv_bytes_per_block",
     "step_features",
 ]
+
+
+def has_requests(obs: StepObservation) -> bool:
+    """Whether a step comes with its per-request composition (its terms are exact), not
+    only the BATCH_SUMMARY totals (its terms are estimated)."""
+    return bool(obs.requests) and obs.composition is not Composition.AGGREGATES
 
 
 def step_features(
@@ -49,7 +56,7 @@ def step_features(
     composition that arrived without requests) uses the BATCH_SUMMARY approximation, with
     decode context from KV blocks in use × ``block_size`` unless ``context_tokens`` is given.
     """
-    if obs.requests and obs.composition is not Composition.AGGREGATES:
+    if has_requests(obs):
         x = basis.fast_terms(obs.requests)
         # a journey-pinned span: its period is the sum of its batches' periods, and the
         # step time is linear in the terms, so the terms add up too
