@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from bench.closedloop import (
     DENSE_RATES,
-    RESOLUTION,
+    RESOLUTION_FACTORS,
     engine_spec,
     latency,
     regime_terms,
@@ -54,7 +54,7 @@ def test_pulled_coefficients_judged_against_truth_and_blis_defaults() -> None:
     assert pulled.version >= 1 and pulled.observations > 500
     assert len(pulled.alpha) == 3 and len(pulled.beta) == 11
     (lr,) = seed.loads
-    up, down = resolution_name(1 + RESOLUTION), resolution_name(1 - RESOLUTION)
+    up, down = (resolution_name(f) for f in RESOLUTION_FACTORS)
     assert set(lr.runs) == {"blis_default", "dense", up, down} and lr.truth.requests > 50
     # the truth 0.1 % slower / faster: the mean E2E follows its sign, by well under 1 %
     assert 0 < lr.diffs[up]["mean_e2e"] < 0.01 and -0.01 < lr.diffs[down]["mean_e2e"] < 0
