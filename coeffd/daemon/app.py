@@ -21,6 +21,7 @@ import structlog
 from prometheus_client import CollectorRegistry, Gauge, Info, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from coeffd.base.blas import limit_blas_threads
 from coeffd.base.endpoint import parse_endpoint
 from coeffd.base.http import HttpServer, Request, Response, Router
 from coeffd.base.security import AuthMetrics, http_guard
@@ -110,6 +111,7 @@ class App:
         self._grpc: OtlpGrpcReceiver | None = None
         self._otlp_http: OtlpHttpReceiver | None = None
         self._kv: list[Any] = []
+        self._release_blas: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ HTTP routes
     def _metrics(self, req: Request) -> Response:
@@ -187,6 +189,8 @@ class App:
                 return self
             self._started = True
         s = self.settings
+        # Before the worker starts: its fleet refits are what the BLAS threads slowed down.
+        self._release_blas = limit_blas_threads(s.pipeline.blas_threads)
         self.pipeline.start()
         sup = self.supervisor
         sup.watch("pipeline", lambda: self.pipeline.alive, self.pipeline.restart)
@@ -317,6 +321,8 @@ class App:
         # draining.
         if self._http is not None:
             self._http.stop()
+        if self._release_blas is not None:
+            self._release_blas()
         self._stop_event.set()
         log.info("coeffd stopped", drained=drained)
         return drained

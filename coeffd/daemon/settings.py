@@ -131,6 +131,15 @@ class HttpSettings(_Section):
     error_histograms: Literal["full", "coarse", "off"] = "full"
 
 
+def _check_blas_threads(value: int) -> int:
+    if not 0 <= value <= 1024:
+        raise ValueError(
+            "expected a thread count from 0 to 1024: 1 (the default) on a machine shared "
+            "with vLLM, 0 = the BLAS library's own default"
+        )
+    return value
+
+
 class PipelineSettings(_Section):
     """The queue between receivers and the single pipeline worker."""
 
@@ -175,6 +184,11 @@ class PipelineSettings(_Section):
     sample_engines_min_per_config: int = Field(default=2, ge=1, le=10_000)
     sample_engines_recover_seconds: float = Field(default=60.0, ge=0.0, le=86_400.0)
     sample_engines_cpu: float = Field(default=0.9, gt=0.0, le=1024.0)
+    #: Threads of numpy's BLAS (and any OpenMP pool) while the daemon runs. 1: the fleet
+    #: refit's small matrix inverses ran ~20× slower with one BLAS thread per core on a
+    #: 2-core machine shared with vLLM (the threads wait on busy cores); our matrices are
+    #: too small to gain from more. 0 = the libraries' own default (one per core).
+    blas_threads: Annotated[int, AfterValidator(_check_blas_threads)] = 1
 
     @model_validator(mode="after")
     def _shed_order(self) -> PipelineSettings:

@@ -131,6 +131,8 @@ def test_kubernetes_service_links_are_not_settings() -> None:
         (("--model-config", "llama-3.1-8b-instruct", "--tp", "3"), ("configuration.tp=3",)),
         (("--set", "catalog.models_dir=/nonexistent-dir"), ("catalog.models_dir=",)),
         (("--set", "pipelne.queue_capacity=5"), ("pipelne: unknown key",)),
+        (("--set", "pipeline.blas_threads=-1"),
+         ("pipeline.blas_threads='-1'", "1 (the default) on a machine shared with vLLM")),
     ],
 )  # fmt: skip
 def test_bad_flags(
