@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import shutil
 import urllib.error
 import urllib.parse
@@ -210,6 +211,33 @@ def test_pull_defaults_on_a_fleet_writes_the_fleet_vector(fleet_server, tmp_path
     assert "fleet vector" not in text  # the comment follows the vector
     assert f"# coeffd {snap.coeffd_version}: configuration {cfg.id} (" in text
     assert text.startswith("# coeffd test fixture")  # others' comments stay
+
+
+def test_pull_defaults_blis_args_on_a_fleet_guess_no_setup(fleet_server, tmp_path) -> None:
+    # The fleet vector stands for every configuration: the argument list reads the file
+    # but names no model, GPU or TP (it used to say --tp 1), and stderr names the flags.
+    url, store, _ = fleet_server
+    target = _defaults(tmp_path)
+    proc = _pull("--server", url, "--defaults", str(target), "--format", "blis-args")
+    assert proc.returncode == 0, proc.stderr
+    fleet = store.latest(FLEET_ID)
+    assert fleet is not None
+    assert validate_defaults_yaml(target) == (list(fleet.alpha), list(fleet.beta))
+    args = shlex.split(proc.stdout)
+    assert args == [
+        "--latency-model", "trained-physics", "--defaults-filepath", str(target.absolute())
+    ]  # fmt: skip
+    notes = [ln for ln in proc.stderr.splitlines() if ln.startswith("coeffd pull: note:")]
+    assert len(notes) == 1 and "fleet vector" in notes[0], proc.stderr
+    for flag in ("--model M", "--model-config-folder", "--hardware G", "--hardware-config",
+                 "--tp N"):  # fmt: skip
+        assert flag in notes[0]
+    # pinned by --config: that configuration's own setup, nothing left to add
+    proc = _pull("--server", url, "--config", KNOWN[1].id, "--format", "blis-args")
+    assert proc.returncode == 0, proc.stderr
+    args = shlex.split(proc.stdout)
+    assert args[args.index("--hardware") + 1] == "H100" and args[args.index("--tp") + 1] == "1"
+    assert "fleet vector" not in proc.stderr and "--tp N" not in proc.stderr
 
 
 def test_pull_defaults_several_configurations_without_fleet_refuses(tmp_path) -> None:

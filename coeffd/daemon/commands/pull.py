@@ -30,7 +30,10 @@ than the vector it would replace), naming both errors; --force writes it anyway.
 through a symlink to the file it points at, keeping every other line, comment and the
 lists' style; it refuses (file untouched) anything BLIS would not load. --dry-run prints
 the diff instead; --backup keeps the old file as FILE.bak. With --format blis-args it
-then prints the blis run arguments that read that file.
+then prints the blis run arguments that read that file. The fleet vector names no model,
+GPU or TP (it stands for all of them), so none is guessed: the arguments carry the latency
+model and the file, and a note on stderr names the flags to add (--model, --hardware,
+--tp and, outside BLIS's tree, --model-config-folder and --hardware-config).
 """
 
 from __future__ import annotations

@@ -89,29 +89,32 @@ def to_blis_args(
     ``defaults.yaml`` outside BLIS's tree would leave it without them), then the
     coefficients: as flags, or with ``defaults_path`` as ``--defaults-filepath`` (the
     file ``coeffd pull --defaults`` rewrote).
+
+    What the snapshot does not name is left out, never guessed, and a note names the
+    flags to add: the fleet vector (one α/β for every configuration) has no model, GPU
+    or TP of its own, and a guessed ``--tp 1`` would simulate a setup nobody chose.
     """
     validate_for_blis(snapshot.alpha, snapshot.beta)
     ref = snapshot.configuration
     desc = {**ref.labels, **{k: v for k, v in ref.description.items() if v not in (None, "")}}
     notes: list[str] = []
     model, gpu = str(desc.get("model", "")), str(desc.get("gpu", ""))
-    tp = int(desc.get("tp", 1) or 1)
+    tp = str(int(desc["tp"])) if desc.get("tp") not in (None, "") else ""
     dp = int(desc.get("dp", 1) or 1)
-    if not model or not gpu:
-        notes.append(f"configuration {ref.id} names no model/GPU: add --model, --hardware, --tp")
     args = ["--latency-model", "trained-physics"]
     if model:
         args += ["--model", model]
     if gpu:
         args += ["--hardware", gpu]
-    args += ["--tp", str(tp)]
+    if tp:
+        args += ["--tp", tp]
     if dp > 1:
         args += ["--dp", str(dp)]
     if str(desc.get("ep", "")).lower() in ("true", "1"):
         args.append("--enable-expert-parallel")
     if desc.get("moe_comm_backend"):
         args += ["--moe-comm-backend", str(desc["moe_comm_backend"])]
-    folder, sheet = _bundled_sheets(model, gpu)
+    folder, sheet = _bundled_sheets(model, gpu) if model or gpu else (None, None)
     if folder is not None:
         args += ["--model-config-folder", str(folder)]
     elif model:
@@ -123,11 +126,40 @@ def to_blis_args(
         args += ["--hardware-config", str(sheet)]
     elif gpu:
         notes.append(f"GPU {gpu} is not bundled with coeffd: add --hardware-config FILE")
+    unnamed = _unnamed(model, gpu, tp)
+    if unnamed:
+        notes.append(_unnamed_note(ref.id, desc.get("kind") == "fleet", unnamed))
     if defaults_path is not None:
         args += ["--defaults-filepath", str(Path(defaults_path).absolute())]
     else:
         args += to_flag_args(snapshot)
     return args, notes
+
+
+def _unnamed(model: str, gpu: str, tp: str) -> list[str]:
+    """The ``blis run`` flags (with placeholders) that a snapshot leaves unnamed.
+
+    >>> _unnamed("llama-3.1-8b-instruct", "", "")
+    ["--hardware G (with --hardware-config FILE outside BLIS's tree)", '--tp N']
+    """
+    wanted = (
+        (model, "--model M (with --model-config-folder DIR outside BLIS's tree)"),
+        (gpu, "--hardware G (with --hardware-config FILE outside BLIS's tree)"),
+        (tp, "--tp N"),
+    )
+    return [flags for named, flags in wanted if not named]
+
+
+def _unnamed_note(config_id: str, fleet: bool, flags: list[str]) -> str:
+    add = ", ".join(flags)
+    if fleet:
+        return (
+            "the fleet vector is one alpha/beta for every configuration, so it names no "
+            f"model, GPU or TP: add {add} for the setup you simulate (coeffd pull --model M "
+            "--hardware G --tp N --format blis-args prints a whole list, with the "
+            "coefficients coeffd predicts for that setup)"
+        )
+    return f"configuration {config_id} does not name its whole setup: add {add}"
 
 
 def to_yaml_block(snapshot: Snapshot) -> str:
