@@ -17,8 +17,8 @@ from coeffd.daemon.commands.serve import build_consumer
 from coeffd.daemon.learning import LearningConsumer
 from coeffd.daemon.load.sampling import EngineSampler, engine_hash
 from coeffd.daemon.settings import SettingsError, load_settings
-from coeffd.receivers.kv.subscriber import source_from_attributes
 from coeffd.receivers.otlp.decode import Decoder
+from coeffd.receivers.source import source_from_attributes
 from coeffd.records.events import Source
 from coeffd.simfleet import SampleRates, replica, run
 

@@ -14,8 +14,8 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from coeffd.receivers.kv.decode import decode_kv_message
-from coeffd.receivers.kv.subscriber import source_from_attributes
 from coeffd.receivers.otlp.decode import Decoder, decode_request
+from coeffd.receivers.source import source_from_attributes
 from coeffd.records.events import Record
 
 

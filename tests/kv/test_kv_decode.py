@@ -22,8 +22,9 @@ from kv_support import (
     positional_payload,
 )
 
-from coeffd.receivers.kv import decode_kv_message, parse_payload, source_from_attributes
+from coeffd.receivers.kv import decode_kv_message, parse_payload
 from coeffd.receivers.kv.decode import parse_message
+from coeffd.receivers.source import source_from_attributes
 from coeffd.records.events import (
     KVAllCleared,
     KVBatchInfo,

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from kv_support import MAP_EVENTS, POSITIONAL_EVENTS, TS
 
-from coeffd.receivers.kv import read_kv_jsonl, source_from_attributes
+from coeffd.receivers.kv import read_kv_jsonl
 from coeffd.receivers.kv.decode import decode_kv_message, parse_payload
+from coeffd.receivers.source import source_from_attributes
 from coeffd.records.events import KVBlocks
 
 

@@ -31,7 +31,7 @@ from coeffd.daemon.publish.snapshot import validate_for_blis
 from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.learners.features import BLIS_DEFAULT_BETA
 from coeffd.learners.features.config import BasisResolver, ServingConfig
-from coeffd.receivers.kv.subscriber import source_from_attributes
+from coeffd.receivers.source import source_from_attributes
 from coeffd.simfleet import RunResult, SampleRates, run
 
 pytestmark = pytest.mark.slow

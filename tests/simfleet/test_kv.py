@@ -11,7 +11,7 @@ import msgspec
 from coeffd import simfleet
 from coeffd.receivers.kv.decode import batch_records, parse_payload
 from coeffd.receivers.kv.jsonl import read_kv_jsonl
-from coeffd.receivers.kv.subscriber import source_from_attributes
+from coeffd.receivers.source import source_from_attributes
 from coeffd.records.events import KVBlocks, KVCacheCommit, KVTransfer
 from coeffd.simfleet.kv import MemoryKVSink
 from coeffd.simfleet.scenarios import build

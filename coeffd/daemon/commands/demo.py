@@ -123,7 +123,7 @@ def _truth(scenario: str, duration: float) -> tuple[dict[str, float], dict[str, 
     """Per configuration id of the scenario's engines: the noise floor and the true α
     (its mean: delays are α·exp(σz)) at the end of the run."""
     from coeffd.learners.features.config import ServingConfig
-    from coeffd.receivers.kv.subscriber import source_from_attributes
+    from coeffd.receivers.source import source_from_attributes
     from coeffd.simfleet import build, resource_attributes
 
     floors: dict[str, float] = {}

@@ -17,7 +17,7 @@ kept set is nested and the same in every process, for spans and for the engine's
 stream; each configuration (its ``coeffd.model``, ``coeffd.gpu``, … attributes) keeps its
 ``min_engines`` lowest-hash engines seen within ``idle_s``.
 
->>> from coeffd.receivers.kv.subscriber import source_from_attributes as src
+>>> from coeffd.receivers.source import source_from_attributes as src
 >>> clock = iter(range(0, 10_000, 2)).__next__
 >>> s = EngineSampler(min_engines=1, clock=clock, cpu_clock=lambda: 0.0, worker_clock=lambda: 0.0)
 >>> engines = [src({"coeffd.model": "m", "coeffd.engine": f"e{i}"}) for i in range(400)]

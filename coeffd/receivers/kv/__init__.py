@@ -2,13 +2,13 @@
 SUB socket with sequence tracking, and JSON-lines replay.
 
 Public API: ``decode_kv_message``, ``KVSubscriber``, ``KVMetrics``, ``SequenceTracker``,
-``source_from_attributes``, ``read_kv_jsonl``/``iter_kv_jsonl``.
+``read_kv_jsonl``/``iter_kv_jsonl``.
 """
 
 from coeffd.receivers.kv.decode import decode_kv_message, parse_message, parse_payload
 from coeffd.receivers.kv.jsonl import iter_kv_jsonl, read_kv_jsonl
 from coeffd.receivers.kv.sequence import SequenceTracker
-from coeffd.receivers.kv.subscriber import KVMetrics, KVSubscriber, source_from_attributes
+from coeffd.receivers.kv.subscriber import KVMetrics, KVSubscriber
 
 __all__ = [
     "KVMetrics",
@@ -19,5 +19,4 @@ __all__ = [
     "parse_message",
     "parse_payload",
     "read_kv_jsonl",
-    "source_from_attributes",
 ]

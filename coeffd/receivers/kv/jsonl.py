@@ -27,7 +27,7 @@ from coeffd.receivers.kv.decode import (
     parse_batch,
     parse_payload,
 )
-from coeffd.receivers.kv.subscriber import source_from_attributes
+from coeffd.receivers.source import source_from_attributes
 from coeffd.records.events import KVRecord, Source
 
 BAD_LINE = "bad_line"

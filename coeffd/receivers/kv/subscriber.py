@@ -12,11 +12,9 @@ Sequence numbers are classified by :class:`~.sequence.SequenceTracker`.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
@@ -27,7 +25,8 @@ from zmq.utils.monitor import recv_monitor_message
 
 from coeffd.receivers.kv.decode import KVDecodeError, batch_records, parse_message
 from coeffd.receivers.kv.sequence import SequenceTracker
-from coeffd.records.events import AttrValue, KVRecord, Source
+from coeffd.receivers.source import source_from_attributes
+from coeffd.records.events import KVRecord, Source
 
 log = structlog.get_logger(__name__)
 
@@ -36,19 +35,6 @@ _END_OF_REPLAY = b"\xff" * 8  # seq -1 (signed) ends a replay reply
 #: Rejection reason of a message whose handling raised (a bug, counted, not fatal).
 INTERNAL_ERROR = "internal_error"
 Offer = Callable[[list[KVRecord]], bool]
-
-
-def source_from_attributes(attributes: Mapping[str, AttrValue]) -> Source:
-    """A ``Source`` whose id is computed like ``receivers.otlp.decode.source_for_resource``.
-
-    So a KV stream described with the same resource attributes as the engine's OTLP
-    exporter gets the same source id, which is what lets the joiner pair them.
-    """
-    attrs = tuple(sorted(attributes.items()))
-    digest = hashlib.blake2b(
-        json.dumps(attrs, separators=(",", ":")).encode(), digest_size=6
-    ).hexdigest()
-    return Source(id=digest, attributes=attrs)
 
 
 #: Connection outcomes of a connecting SUB (refused attempts are retried, not fatal).

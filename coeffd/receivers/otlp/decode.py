@@ -29,7 +29,6 @@ decoded. OTLP/JSON bodies are parsed into requests by :mod:`.jsonbody` first.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -44,6 +43,7 @@ from coeffd.receivers.otlp.attrs import MAX_NS, Reject
 from coeffd.receivers.otlp.fastproto import FastExportRequest, to_fast
 from coeffd.receivers.otlp.jsonbody import parse_json_request
 from coeffd.receivers.otlp.kinds import SCOPE_STEP, SCOPES, EventParser, shedding_summary_parser
+from coeffd.receivers.source import source_from_attributes
 from coeffd.records.events import (
     AttrValue,
     Record,
@@ -171,16 +171,9 @@ def _any_to_python(v: AnyValue) -> AttrValue:
 
 
 def source_for_resource(resource: Resource) -> Source:
-    """Build the :class:`Source` of a resource: id = short hash of sorted attributes.
-
-    The id is stable across restarts of an identically configured process, and
-    independent of attribute order.
-    """
-    attrs = tuple(sorted((kv.key, _any_to_python(kv.value)) for kv in resource.attributes))
-    digest = hashlib.blake2b(
-        json.dumps(attrs, separators=(",", ":")).encode(), digest_size=6
-    ).hexdigest()
-    return Source(id=digest, attributes=attrs)
+    """Build the :class:`Source` of a resource (:func:`receivers.source.source_from_attributes`:
+    the id every receiver gives these attributes)."""
+    return source_from_attributes((kv.key, _any_to_python(kv.value)) for kv in resource.attributes)
 
 
 class Decoder:
