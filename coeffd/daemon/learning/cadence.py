@@ -115,7 +115,9 @@ class Publisher:
         learned = beta.observations if beta is not None else 0
         fitted_on = self._fitted_on.get(cid)
         if fitted_on is None and previous is not None:
-            fitted_on = previous.observations.get("beta")  # after a restart: as on disk
+            fitted_on = self._fitted_on_disk(previous)  # after a restart
+            if fitted_on is not None:
+                self._fitted_on[cid] = fitted_on
         ok, reason = self.policy.decide(
             previous, cs.alpha, cs.beta, now_ns, cs.observations, cs.recent_terms,
             learned, fitted_on,
@@ -138,9 +140,13 @@ class Publisher:
         self._next_version[cid] = version + 1
         snap = to_snapshot(cs, version, description)
         if previous is not None and reason in ("interval", "unchanged"):
-            # a heartbeat: fresh provenance, the numbers users already have
-            snap = msgspec.structs.replace(snap, alpha=previous.alpha, beta=previous.beta)
+            # a heartbeat: fresh provenance, the numbers users already have (and what they
+            # were fitted on: a restart must not take this version's larger count for it)
+            snap = msgspec.structs.replace(
+                snap, alpha=previous.alpha, beta=previous.beta, fitted_on=fitted_on
+            )
         else:
+            snap = msgspec.structs.replace(snap, fitted_on=learned)
             self._fitted_on[cid] = learned
         self._last[cid] = snap
         self.freshness.handed(cid, version, p.first_arrival, p.first_step_arrival)
@@ -153,6 +159,26 @@ class Publisher:
             self.metrics.coefficient.labels(cid, "alpha", str(i)).set(val)
         for i, val in enumerate(snap.beta):
             self.metrics.coefficient.labels(cid, "beta", str(i)).set(val)
+
+    def _fitted_on_disk(self, latest: Snapshot) -> int | None:
+        """The β observations behind the numbers of ``latest`` (the newest on disk).
+
+        Its ``fitted_on``; in a snapshot written before that was recorded, the
+        ``observations`` of the oldest retained version in the run of versions that ends
+        at ``latest`` with the same numbers: the one that published them (a heartbeat's
+        own count is larger, and would hold back the first ``refined`` version).
+        """
+        if latest.fitted_on is not None:
+            return latest.fitted_on
+        assert self.store is not None
+        origin = latest
+        for snap in reversed(self.store.history(latest.config_id)):
+            if snap.version > latest.version:
+                continue
+            if (snap.alpha, snap.beta) != (latest.alpha, latest.beta):
+                break
+            origin = snap
+        return origin.observations.get("beta")
 
     def publish_fleet(self, now: float, force: bool = False) -> None:
         """Refit the fleet model on its own cadence and publish it (snapshot ``fleet``)."""

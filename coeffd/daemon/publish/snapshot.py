@@ -139,6 +139,11 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     #: per regime: estimated relative standard error of the step time β predicts on a
     #: fixed set of batches (``learners.evaluation.regime_batches``)
     step_time_rel_std: dict[str, float] = msgspec.field(default_factory=dict)
+    #: The β learner's observations behind ``alpha``/``beta``: this version's own when it
+    #: published new numbers, the version's that first published them when it is a
+    #: heartbeat (which repeats them with a larger ``observations``). The publish policy's
+    #: ``refined`` reason reads it after a restart. None: written before it was recorded.
+    fitted_on: int | None = None
 
     @property
     def config_id(self) -> str:
