@@ -15,7 +15,7 @@ from coeffd.daemon.fleet import FleetPublisher
 from coeffd.daemon.publish.snapshot import validate_for_blis
 from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.learners.features.config import ServingConfig
-from coeffd.learners.fleet import FLEET_ID, SOURCES, FleetModel, MemberStats
+from coeffd.learners.fleet import FLEET_ID, SOURCES, FleetModel, MemberStats, one_se_choice
 from coeffd.learners.registry import LearnerRegistry
 from coeffd.receivers.joiner import Joiner
 from coeffd.receivers.otlp.decode import Decoder
@@ -135,14 +135,51 @@ def test_prediction_for_unseen_configuration(learned) -> None:
     p = fm.predict(desc.to_dict())
     assert desc.id not in fm.members
     validate_for_blis(p.alpha, p.beta)
-    # the source with the lowest LOCO error on its relatives
+    # the source with the lowest LOCO error on its relatives, or the factor model where
+    # the relatives' paired LOCO differences put it within one standard error of that one
     kern = fm.kernel(desc.to_dict())
     rel = {s: fm._relatives_error(s, kern) for s in SOURCES}
-    assert p.source == min(rel, key=lambda s: rel[s][0])  # type: ignore[index]
+    best = min(rel, key=lambda s: rel[s][0])  # type: ignore[index]
+    assert p.detail["loco_best"] == best
+    if p.source != best:
+        assert p.source == "fleet_factors"
+        keys = list(fm.result().loco)
+        w = np.array([kern[k] for k in keys])
+        d = np.array(
+            [fm.result().loco[k][p.source].mape - fm.result().loco[k][best].mape for k in keys]
+        )
+        excess = float(w @ d / w.sum())
+        n_eff = float(w.sum() ** 2 / (w @ w))
+        se = math.sqrt(float(w @ (d - excess) ** 2 / w.sum()) / max(n_eff - 1, 1))
+        assert 0 <= excess <= se
     assert p.expected_error is not None and 0 < p.expected_error < 0.2
     # the similar configurations come first: same model or GPU/TP
     first = fm.members[p.similar[0]].description
     assert first["model"] == "mixtral-8x7b-v0.1" or (first["gpu"], first["tp"]) == ("H100", 2)
+
+
+def test_one_se_choice_prefers_the_factor_model_only_within_noise() -> None:
+    # paired differences with a known mean and standard deviation: ±sd around the mean
+    n, sd = 10, 0.004
+    base = np.linspace(0.02, 0.03, n)
+    se = sd / math.sqrt(n - 1)  # equal weights: n_eff = n
+    spread = sd * np.where(np.arange(n) % 2 == 0, 1.0, -1.0)
+    for excess, expected in ((0.9 * se, "fleet_factors"), (1.1 * se, "fleet_local")):
+        errors = {
+            "fleet_local": base,
+            "fleet_factors": base + excess + spread,
+            "fleet": base + 0.01,
+        }
+        assert one_se_choice(errors, np.ones(n)) == (expected, "fleet_local")
+    # the weights count: a tie among light relatives does not outvote a heavy one
+    w = np.ones(n)
+    w[0] = 100.0
+    errors = {
+        "fleet_local": base,
+        "fleet_factors": base + np.where(np.arange(n) == 0, 0.01, -0.001),
+    }
+    assert one_se_choice(errors, np.ones(n))[0] == "fleet_factors"
+    assert one_se_choice(errors, w)[0] == "fleet_local"
 
 
 def test_fleet_publisher_snapshot_store_and_metrics(learned, tmp_path) -> None:
