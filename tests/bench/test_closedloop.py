@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from bench.closedloop import (
     DENSE_RATES,
+    REPLICA_KEY_STRIDE,
     RESOLUTION_FACTORS,
     engine_spec,
     latency,
@@ -16,6 +17,7 @@ from bench.closedloop import (
     resolution_name,
     run,
     serve,
+    serve_pooled,
     with_coefficients,
 )
 from coeffd.learners.evaluation import REGIMES, regime_error
@@ -37,6 +39,23 @@ def test_same_coefficients_same_latencies_and_slower_physics_slower_requests() -
     assert 0.05 < d["mean_ttft"] < 0.5 and 0.05 < d["mean_e2e"] < 0.5
 
 
+def test_pooled_workloads_are_distinct_replicas_after_their_warm_up() -> None:
+    spec = engine_spec("dense")
+    t = spec.truth.points[0]
+    one = with_coefficients(spec, t.alpha, t.beta, 8.0)
+    pooled = serve_pooled(one, 30.0, 5, replicas=2)
+    first, second = serve(one, 30.0, 5), serve(one, 30.0, 1005)
+    assert first != second  # a different workload, not the same one twice
+    # each replica keeps its own requests that arrived after its warm-up (3 s), apart
+    for k, r in enumerate((first, second)):
+        warm = min(v[0] for v in r.values()) + 3e9
+        mine = {
+            i % REPLICA_KEY_STRIDE: v for i, v in pooled.items() if i // REPLICA_KEY_STRIDE == k
+        }
+        assert mine == {i: v for i, v in r.items() if v[0] >= warm}
+        assert 0 < len(mine) < len(r)
+
+
 def test_pulled_coefficients_judged_against_truth_and_blis_defaults() -> None:
     res = run(
         scenario="dense",
@@ -48,6 +67,7 @@ def test_pulled_coefficients_judged_against_truth_and_blis_defaults() -> None:
         # learn most of the 40 s: the joiner holds the last window_s of data back
         settings={"joiner": {"window_s": 5.0}},
         resolution=True,
+        replicas=2,
     )
     (seed,) = res.seeds
     pulled = seed.pulled["dense"]
