@@ -500,7 +500,7 @@ def run(
         for name, p in pulled.items():
             sr.regime_error[name] = regime_error(terms, p.beta, truth.beta)
             sr.versions[name] = _version_change(base, p, mix, medium, serve_s, seed + 10_000)
-            say(_quality_line(name, sr.regime_error[name], p, sr.versions[name]))
+            say(_quality_line(name, sr.regime_error[name], p, sr.versions[name], truth.alpha))
         out.append(sr)
     return ClosedLoopResult(scenario, async_scheduling, duration_s, serve_s, out)
 
@@ -534,7 +534,9 @@ def _version_change(
     return VersionChange(len(vs), len(distinct), max(steps, default=0.0), e2e)
 
 
-def _quality_line(name: str, err: dict[str, float], p: Pulled, vc: VersionChange) -> str:
+def _quality_line(
+    name: str, err: dict[str, float], p: Pulled, vc: VersionChange, truth_alpha: Sequence[float]
+) -> str:
     est = p.estimated_std
     return (
         f"    {name}: step-time error vs the noiseless truth per regime "
@@ -542,6 +544,8 @@ def _quality_line(name: str, err: dict[str, float], p: Pulled, vc: VersionChange
             f"{r} {e * 100:.2f}% (daemon's estimate {est.get(r, math.nan) * 100:.2f}%)"
             for r, e in err.items()
         )
+        + "; α vs the truth "
+        + ", ".join(f"{(a / t - 1) * 100:+.2f}%" for a, t in zip(p.alpha, truth_alpha, strict=True))
         + f"; steady-state versions {vc.versions} ({vc.distinct} with new numbers): max "
         f"step-time change {vc.max_step_time_change * 100:.3f}%, closed-loop mean E2E "
         f"first→last {vc.e2e_change * 100:+.3f}%; estimate "

@@ -34,7 +34,7 @@ from coeffd.learners.features.observe import has_requests, kv_bytes_per_block, s
 from coeffd.learners.rls import RLSRegressor
 from coeffd.learners.snapshots import Scored, VectorSnapshot
 from coeffd.learners.steady import STEADY, SteadyEstimator, identified_fit, term_sources
-from coeffd.learners.targets import ALPHA_TARGETS, make_learner
+from coeffd.learners.targets import ALPHA_STEADY, ALPHA_TARGETS, STEADY_TWINS, make_learner
 from coeffd.records.observations import (
     KVTransferObservation,
     Observation,
@@ -79,8 +79,9 @@ class LearnerSet:
         self.alpha_prior = np.asarray(alpha_prior, dtype=float)
         self.prior_sources = prior_sources
         self.learners: dict[str, RLSRegressor] = {}
-        self._steady: SteadyEstimator | None = None
-        self._steady_state: dict[str, Any] = {}  # restored before the learners exist
+        self._steady: dict[str, SteadyEstimator] = {}  # target → its published estimator
+        #: target → SteadyEstimator state, restored before the learners exist
+        self._steady_state: dict[str, dict[str, Any]] = {}
         self._recent = np.zeros((RECENT_ROWS, len(TERM_NAMES)))
         self._recent_n = 0
         #: share of step observations with a per-request composition (see _exact_first):
@@ -120,20 +121,23 @@ class LearnerSet:
             label=f"{self.config.id}/{target}",
         )
 
-    def steady(self) -> SteadyEstimator:
-        """The published β estimator: fast tracker ``beta`` + long-memory ``beta_steady``."""
-        if self._steady is None:
+    def steady(self, target: str = "beta") -> SteadyEstimator:
+        """The published estimator of ``target`` (β or an α, :data:`STEADY_TWINS`): its
+        fast tracker + its long-memory twin."""
+        est = self._steady.get(target)
+        if est is None:
             d = self.settings.drift
-            self._steady = SteadyEstimator(
-                self.learner("beta"),
-                self.learner("beta_steady"),
+            est = SteadyEstimator(
+                self.learner(target),
+                self.learner(STEADY_TWINS[target]),
                 keep=d.keep,
                 fast_forgetting=d.fast_forgetting,
                 fast_for=d.fast_for,
             )
-            if self._steady_state:
-                self._steady.load_state(self._steady_state)
-        return self._steady
+            if target in self._steady_state:
+                est.load_state(self._steady_state[target])
+            self._steady[target] = est
+        return est
 
     def regime_terms(self) -> dict[str, FloatArray]:
         """Basis terms of the fixed per-regime batches for this configuration (cached)."""
@@ -338,9 +342,16 @@ class LearnerSet:
             if not (math.isfinite(y) and y >= 0):
                 m.n_rejected += 1
                 continue
-            preds = {"learned": float(m.prediction_coef()[0]), "blis_default": default[target]}
+            if self.settings.steady:
+                # long memory in steady state as for β: α0 rows scatter ±50 % (the
+                # loop wait is only known in expectation), so ~2,000 rows of memory
+                # left α0 ±1 % — ±0.4 % of TTFT, α0 being ~40 % of it (bench closedloop)
+                learned = self.steady(target).learn_one({"one": 1.0}, float(y))
+            else:
+                learned = m.prediction_coef()[0]
+                m.learn_one({"one": 1.0}, float(y))
+            preds = {"learned": float(learned), "blis_default": default[target]}
             out.append(self._score(evaluator, target, float(y), preds, None))
-            m.learn_one({"one": 1.0}, float(y))
         qs = obs.queue_state
         if obs.queue_wait_us is not None and qs is not None:
             m = self.learner("queue_wait")
@@ -387,7 +398,12 @@ class LearnerSet:
             return None
         estimate = ""
         sources: dict[str, str] = {}
-        if name == "beta" and self.settings.steady and "beta_steady" in self.learners:
+        twin = STEADY_TWINS.get(name)
+        if name in ALPHA_TARGETS and self.settings.steady and twin in self.learners:
+            estimate = self.steady(name).mode
+            if estimate == STEADY:
+                m = self.learners[twin]
+        elif name == "beta" and self.settings.steady and twin in self.learners:
             # the published β: the long-memory learner in steady state, identified
             # directions from its data and the rest from the (pooled) prior
             est = self.steady()
@@ -401,13 +417,14 @@ class LearnerSet:
         blis = (
             name in ("beta", "beta_steady")
             or name in ALPHA_TARGETS
+            or name in ALPHA_STEADY
             or name in ("kv_store", "kv_load")
         )
         prior = np.asarray(m.prior_mean if m.prior_mean is not None else np.zeros(len(m.features)))
         raw = m.coef
         values = m.nonnegative_coef() if blis else raw
         ident = m.identified(threshold)
-        if estimate:
+        if sources:
             if estimate == STEADY and self.settings.identify_pin:
                 values = fit
             ident = np.array([sources[f] == "data" for f in m.features])
@@ -461,7 +478,9 @@ class LearnerSet:
             "updated_wall_ns": self.updated_wall_ns,
             "exact_share": self.exact_share,
             "exact_rows": self.exact_rows,
-            "steady": {} if self._steady is None else self._steady.state_dict(),
+            # "steady": β's (the key older checkpoints carry); "steady_alpha": the α's
+            "steady": self._steady["beta"].state_dict() if "beta" in self._steady else {},
+            "steady_alpha": {t: e.state_dict() for t, e in self._steady.items() if t != "beta"},
         }
 
 

@@ -331,5 +331,6 @@ class LearnerRegistry:
         share, rows = state.get("exact_share", 0.0), state.get("exact_rows", 0)
         if isinstance(share, int | float) and 0 <= share <= 1 and isinstance(rows, int):
             ls.exact_share, ls.exact_rows = float(share), max(0, rows)
-        ls._steady_state = dict(state.get("steady") or {})
+        steady = {"beta": state.get("steady") or {}, **(state.get("steady_alpha") or {})}
+        ls._steady_state = {t: dict(v) for t, v in steady.items() if v}
         return ls

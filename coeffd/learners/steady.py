@@ -134,6 +134,18 @@ class SteadyEstimator:
             i = seg.stop
         return out
 
+    def learn_one(self, x: Mapping[str, float], y: float) -> float:
+        """One row by each learner's hot path (:meth:`RLSRegressor.learn_one`), predicted
+        as of its last fold; returns the published estimate's prediction. For learners
+        fed one observation at a time (the α targets, one row per request)."""
+        pf = _dot(self.fast.prediction_coef(), self.fast.features, x)
+        ps = _dot(self.slow.prediction_coef(), self.slow.features, x)
+        out = ps if self.mode == STEADY else pf
+        self.fast.learn_one(x, y)
+        self.slow.learn_one(x, y)
+        self._compare_rows([y], [pf], [ps])
+        return out
+
     def learn_one_scored(self, x: FloatArray, y: float) -> float:
         """One row, predicted with each learner's current (freshly folded) non-negative
         coefficients rather than those of its last fold: slower, the way ``bench
@@ -148,18 +160,21 @@ class SteadyEstimator:
         return out
 
     def _compare(self, y: FloatArray, pf: FloatArray, ps: FloatArray) -> None:
-        ay = np.maximum(np.abs(y), 1e-12)
-        rf = np.clip((y - pf) / ay, -_ERR_CLIP, _ERR_CLIP)
-        rs = np.clip((y - ps) / ay, -_ERR_CLIP, _ERR_CLIP)
+        self._compare_rows(y.tolist(), pf.tolist(), ps.tolist())
+
+    def _compare_rows(self, ys: list[float], pfs: list[float], pss: list[float]) -> None:
         g = 1.0 / max(self.memory, 1)
         f, s, b, bf = self._err_fast, self._err_slow, self._bias_slow, self._bias_fast
-        for a, r in zip(rf.tolist(), rs.tolist(), strict=True):
+        for y, pf, ps in zip(ys, pfs, pss, strict=True):
+            ay = max(abs(y), 1e-12)
+            a = min(max((y - pf) / ay, -_ERR_CLIP), _ERR_CLIP)
+            r = min(max((y - ps) / ay, -_ERR_CLIP), _ERR_CLIP)
             f = abs(a) if f != f else f + g * (abs(a) - f)  # f != f: NaN, nothing seen yet
             s = abs(r) if s != s else s + g * (abs(r) - s)
             b += g * (r - b)
             bf += g * (a - bf)
         self._err_fast, self._err_slow, self._bias_slow, self._bias_fast = f, s, b, bf
-        self._rows += len(y)
+        self._rows += len(ys)
         # Lag: the long-memory residuals are biased (an EW mean of residuals has sd ≈
         # σ·√(g/2), σ ≈ 1.25·E|e|) while the fast ones are not (both are while they
         # converge from the prior).
@@ -219,6 +234,10 @@ class SteadyEstimator:
         self._bias_fast = float(state.get("bias_fast", 0.0))
         self._alarms = self._fast_alarms()
         self._slow_seen = self._slow_alarms()
+
+
+def _dot(theta: FloatArray, features: Sequence[str], x: Mapping[str, float]) -> float:
+    return float(sum(float(theta[i]) * x.get(n, 0.0) for i, n in enumerate(features)))
 
 
 def _identified_directions(

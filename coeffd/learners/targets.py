@@ -12,6 +12,7 @@ learner                     regression                                      BLIS
 ``arrival_to_queued``       arrival→queued on an intercept                  ``alpha[0]``
 ``finished_to_departed``    finished→departed on an intercept               ``alpha[1]``
 ``output_token``            first token→first response on an intercept      ``alpha[2]``
+``<α target>_steady``       the same, long memory (published when steady)   ``alpha[i]``
 ``queue_wait``              queue wait on (1, waiting, running, kv usage)   —
 ``kv_store`` / ``kv_load``  transfer time on (1, bytes): base + bytes/BW    —
 ==========================  ==============================================  =================
@@ -35,10 +36,12 @@ from coeffd.learners.prior import prior_precision
 from coeffd.learners.rls import RLSRegressor
 
 __all__ = [
+    "ALPHA_STEADY",
     "ALPHA_TARGETS",
     "BETA_EXTENDED_FEATURES",
     "KV_FEATURES",
     "QUEUE_FEATURES",
+    "STEADY_TWINS",
     "drift_monitor",
     "make_learner",
 ]
@@ -46,6 +49,10 @@ __all__ = [
 FloatArray = npt.NDArray[np.float64]
 
 ALPHA_TARGETS: tuple[str, ...] = ("arrival_to_queued", "finished_to_departed", "output_token")
+#: the long-memory twin of each α target (learners.steady)
+ALPHA_STEADY: tuple[str, ...] = tuple(f"{t}_steady" for t in ALPHA_TARGETS)
+#: published target → its long-memory twin: published from the twin in steady state
+STEADY_TWINS: dict[str, str] = {"beta": "beta_steady", **{t: f"{t}_steady" for t in ALPHA_TARGETS}}
 QUEUE_FEATURES: tuple[str, ...] = ("one", "waiting_depth", "running_depth", "kv_usage")
 KV_FEATURES: tuple[str, ...] = ("one", "bytes")
 BETA_EXTENDED_FEATURES: tuple[str, ...] = tuple(TERM_NAMES) + tuple(EXTENDED_NAMES)
@@ -118,13 +125,19 @@ def make_learner(
             weighting=s.weighting,
             **common,
         )
-    if target in ALPHA_TARGETS:
-        mean = alpha_prior[ALPHA_TARGETS.index(target) : ALPHA_TARGETS.index(target) + 1]
+    if target in ALPHA_TARGETS or target in ALPHA_STEADY:
+        steady = target in ALPHA_STEADY
+        i = ALPHA_STEADY.index(target) if steady else ALPHA_TARGETS.index(target)
+        mean = alpha_prior[i : i + 1]
+        if steady:
+            forgetting = s.steady_forgetting
+        elif i == 0:
+            forgetting = s.queueing_forgetting
+        else:
+            forgetting = s.alpha_forgetting
         return RLSRegressor(
             _ONE,
-            forgetting=s.queueing_forgetting
-            if target == "arrival_to_queued"
-            else s.alpha_forgetting,
+            forgetting=forgetting,
             prior_mean=mean.tolist(),
             prior_precision=prior_precision(mean.tolist(), s.prior_strength, s.prior_scale_floor),
             weighting="relative",
