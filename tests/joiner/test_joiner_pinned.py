@@ -108,3 +108,25 @@ def test_alpha0_from_journeys_alone_is_unbiased(async_scheduling: bool) -> None:
     assert all(
         0.0 <= o.queued_loop_wait_us < 1e6 for o in reqs if o.queued_loop_wait_us is not None
     )
+
+
+def test_alpha0_stays_unbiased_when_export_batches_are_lost() -> None:
+    # an exporter drops a whole batch when the receiver pushes back: the journeys of the
+    # requests around a QUEUED can be gone while its own arrives. Such a request is not
+    # "idle" (wait 0, its whole loop wait learned into α0) but unseen.
+    fr = _run(False, 240.0, seed=7)
+    # a third of the export batches lost, three in a row at a time (taking them for idle
+    # put the mean 5.5 standard errors high)
+    lossy = replace(fr, batches=[b for i, b in enumerate(fr.batches) if (i // 3) % 3 != 1])
+    j, out = _join(lossy)
+    est = [
+        o.arrival_to_queued_us - o.queued_loop_wait_us
+        for o in out
+        if isinstance(o, RequestObservation) and o.queued_loop_wait_us is not None
+    ]
+    conf = fr.result.truth["configurations"][0]
+    alpha0 = conf["coefficients"]["points"][0]["alpha"][0]
+    expected = alpha0 * math.exp(conf["noise"]["alpha_sigma"] ** 2 / 2.0)
+    se = statistics.stdev(est) / math.sqrt(len(est))
+    assert abs(statistics.fmean(est) - expected) <= 4.0 * se, (statistics.fmean(est), expected, se)
+    assert j.metrics.loop_waits["unseen"] > 0
