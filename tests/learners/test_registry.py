@@ -135,21 +135,11 @@ def test_request_and_kv_observations() -> None:
     for i in range(300):
         reg.learn(
             cfg,
-            RequestObservation(
-                source=SRC,
-                request_id=f"r{i}",
-                arrival_to_queued_us=12000.0 * math.exp(rng.normal(0, 0.05)),
+            _request(
+                i,
+                12000.0 * math.exp(rng.normal(0, 0.05)),
+                rng,
                 queue_wait_us=50.0 + 30.0 * (i % 5),
-                first_token_to_response_us=40.0 * math.exp(rng.normal(0, 0.05)),
-                finished_to_departed_us=800.0 * math.exp(rng.normal(0, 0.05)),
-                ttft_us=None,
-                e2e_us=None,
-                prompt_tokens=100,
-                output_tokens=10,
-                num_preemptions=0,
-                finish_status="stop",
-                route="/v1/completions",
-                streaming=True,
                 queue_state=QueueState(
                     step=i,
                     waiting_depth=i % 5,
@@ -157,7 +147,6 @@ def test_request_and_kv_observations() -> None:
                     kv_usage_gpu_ratio=0.5,
                     distance_steps=0,
                 ),
-                **LOOP_WAIT,
             ),
         )
         nbytes = float(rng.integers(1, 64)) * 2 * 1024 * 1024
@@ -255,27 +244,35 @@ def test_new_configuration_starts_from_pooled_prior() -> None:
     assert np.abs(d).sum() < np.abs(dd).sum()  # pulled toward what tp=1 learned
 
 
+def _request(
+    i: int, arrival_to_queued_us: float, rng: np.random.Generator, **fields: Any
+) -> RequestObservation:
+    """A request observation with α1/α2 rows at 5 % log-normal noise; ``fields`` override."""
+    kw: dict[str, Any] = {
+        "source": SRC,
+        "request_id": f"r{i}",
+        "arrival_to_queued_us": arrival_to_queued_us,
+        "queue_wait_us": None,
+        "first_token_to_response_us": 40.0 * math.exp(rng.normal(0, 0.05)),
+        "finished_to_departed_us": 800.0 * math.exp(rng.normal(0, 0.05)),
+        "ttft_us": None,
+        "e2e_us": None,
+        "prompt_tokens": 100,
+        "output_tokens": 10,
+        "num_preemptions": 0,
+        "finish_status": "stop",
+        "route": "/v1/completions",
+        "streaming": True,
+        "queue_state": None,
+        **LOOP_WAIT,
+    }
+    return RequestObservation(**(kw | fields))
+
+
 def _a0_request(i: int, a0: float, rng: np.random.Generator) -> RequestObservation:
     # α0 rows scatter ±85 % uniformly (sd 49 %): the joiner removes the loop wait only
     # in expectation, so real rows scatter about as much (bench closedloop: sd 50 %)
-    return RequestObservation(
-        source=SRC,
-        request_id=f"r{i}",
-        arrival_to_queued_us=a0 * (1.0 + rng.uniform(-0.85, 0.85)),
-        queue_wait_us=None,
-        first_token_to_response_us=40.0 * math.exp(rng.normal(0, 0.05)),
-        finished_to_departed_us=800.0 * math.exp(rng.normal(0, 0.05)),
-        ttft_us=None,
-        e2e_us=None,
-        prompt_tokens=100,
-        output_tokens=10,
-        num_preemptions=0,
-        finish_status="stop",
-        route="/v1/completions",
-        streaming=True,
-        queue_state=None,
-        **LOOP_WAIT,
-    )
+    return _request(i, a0 * (1.0 + rng.uniform(-0.85, 0.85)), rng)
 
 
 def test_published_alpha_is_the_long_memory_estimate_in_steady_state_and_follows_a_change() -> None:
