@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -364,7 +364,13 @@ class LearnerSet:
             y = float(obs.queue_wait_us)
             if math.isfinite(y):
                 out.append(
-                    self._score(evaluator, "queue_wait", y, {"learned": fast_predict(m, xq)}, None)
+                    self._score(
+                        evaluator,
+                        "queue_wait",
+                        y,
+                        {"learned": m.predict_prequential(xq, nonnegative=False)},
+                        None,
+                    )
                 )
             m.learn_one(xq, y)
         return out
@@ -384,7 +390,15 @@ class LearnerSet:
         y = float(obs.duration_us)
         scored = []
         if math.isfinite(y) and y > 0:
-            scored.append(self._score(evaluator, target, y, {"learned": fast_predict(m, x)}, None))
+            scored.append(
+                self._score(
+                    evaluator,
+                    target,
+                    y,
+                    {"learned": m.predict_prequential(x, nonnegative=False)},
+                    None,
+                )
+            )
         m.learn_one(x, y)
         return scored
 
@@ -482,13 +496,6 @@ class LearnerSet:
             "steady": self._steady["beta"].state_dict() if "beta" in self._steady else {},
             "steady_alpha": {t: e.state_dict() for t, e in self._steady.items() if t != "beta"},
         }
-
-
-def fast_predict(m: RLSRegressor, x: Mapping[str, float]) -> float:
-    """Predict-before-learn with the coefficients of the last fold (see
-    :meth:`RLSRegressor.prediction_coef`)."""
-    theta = m.prediction_coef(nonnegative=False)
-    return float(sum(float(theta[i]) * x.get(f, 0.0) for i, f in enumerate(m.features)))
 
 
 def _publishable(v: FloatArray, n: int) -> bool:

@@ -22,7 +22,7 @@ from coeffd.learners.config import LearnersConfig
 from coeffd.learners.evaluation import Evaluator
 from coeffd.learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA, BlisBasis
 from coeffd.learners.features.config import BasisResolver, ServingConfig
-from coeffd.learners.learnerset import LearnerSet, fast_predict
+from coeffd.learners.learnerset import LearnerSet
 from coeffd.learners.prior import PooledPrior
 from coeffd.learners.rls import RLSRegressor
 from coeffd.learners.snapshots import ConfigSnapshot, Scored, VectorSnapshot
@@ -67,7 +67,7 @@ def _check_learner(ls: LearnerSet, name: str, m: RLSRegressor) -> None:
     coef = np.asarray(m.coef, dtype=float)
     if coef.shape != (n,) or np.asarray(m.coef_std()).shape != (n,):
         raise ValueError(f"learner {name!r}: state does not match its {n} features")
-    fast_predict(m, dict.fromkeys(m.features, 1.0))
+    m.predict_prequential(dict.fromkeys(m.features, 1.0), nonnegative=False)
 
 
 class LearnerRegistry:

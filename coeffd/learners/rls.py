@@ -325,6 +325,17 @@ class RLSRegressor(base.Regressor):
             self._pred = theta
         return self._pred
 
+    def predict_prequential(self, x: Mapping[str, float], nonnegative: bool = True) -> float:
+        """Predict one row (missing features read as 0) with :meth:`prediction_coef`: the
+        predict-before-learn of one observation, without folding pending rows.
+
+        >>> m = RLSRegressor(["a", "b"])
+        >>> m.predict_prequential({"a": 1.0})
+        0.0
+        """
+        theta = self.prediction_coef(nonnegative)
+        return float(sum(float(theta[i]) * x.get(f, 0.0) for i, f in enumerate(self.features)))
+
     def learn_many_prequential(
         self, X: FloatArray, y: FloatArray, *, nonnegative: bool = True
     ) -> FloatArray:

@@ -138,8 +138,8 @@ class SteadyEstimator:
         """One row by each learner's hot path (:meth:`RLSRegressor.learn_one`), predicted
         as of its last fold; returns the published estimate's prediction. For learners
         fed one observation at a time (the α targets, one row per request)."""
-        pf = _dot(self.fast.prediction_coef(), self.fast.features, x)
-        ps = _dot(self.slow.prediction_coef(), self.slow.features, x)
+        pf = self.fast.predict_prequential(x)
+        ps = self.slow.predict_prequential(x)
         out = ps if self.mode == STEADY else pf
         self.fast.learn_one(x, y)
         self.slow.learn_one(x, y)
@@ -234,10 +234,6 @@ class SteadyEstimator:
         self._bias_fast = float(state.get("bias_fast", 0.0))
         self._alarms = self._fast_alarms()
         self._slow_seen = self._slow_alarms()
-
-
-def _dot(theta: FloatArray, features: Sequence[str], x: Mapping[str, float]) -> float:
-    return float(sum(float(theta[i]) * x.get(n, 0.0) for i, n in enumerate(features)))
 
 
 def _identified_directions(
