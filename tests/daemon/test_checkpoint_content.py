@@ -86,6 +86,14 @@ def _bad_states(good: dict[str, Any]) -> dict[str, Any]:
     _one_set(prior_none)["beta_prior"] = None
     unknown_learner = copy.deepcopy(good)
     _one_set(unknown_learner)["learners"]["nope"] = {}
+    # the α estimators' state (issue 15): not a map, an entry not a map, a bad field
+    assert _one_set(good)["steady_alpha"], "the good state has α estimator state"
+    steady_alpha_list = copy.deepcopy(good)
+    _one_set(steady_alpha_list)["steady_alpha"] = [1]
+    steady_alpha_entry = copy.deepcopy(good)
+    _one_set(steady_alpha_entry)["steady_alpha"]["arrival_to_queued"] = "steady"
+    steady_alpha_field = copy.deepcopy(good)
+    _one_set(steady_alpha_field)["steady_alpha"]["arrival_to_queued"]["switches"] = "many"
     return {
         "int": 42,
         "list": [1, 2],  # was: AttributeError in daemon/learning.py
@@ -98,13 +106,17 @@ def _bad_states(good: dict[str, Any]) -> dict[str, Any]:
         "wrong_shape": wrong_shape,
         "prior_none": prior_none,
         "unknown_learner": unknown_learner,
+        "steady_alpha_list": steady_alpha_list,
+        "steady_alpha_entry": steady_alpha_entry,
+        "steady_alpha_field": steady_alpha_field,
     }
 
 
 @pytest.mark.parametrize(
     "case",
     ["int", "list", "registry_not_a_map", "sets_not_a_map", "empty_set", "configs_list",
-     "no_priors", "wrong_shape", "prior_none", "unknown_learner"],
+     "no_priors", "wrong_shape", "prior_none", "unknown_learner", "steady_alpha_list",
+     "steady_alpha_entry", "steady_alpha_field"],
 )  # fmt: skip
 def test_bad_latest_falls_back_to_previous(
     tmp_path: Path, good_state: dict[str, Any], case: str
