@@ -34,7 +34,15 @@ from coeffd.learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA
 from coeffd.learners.features.config import ATTRIBUTE_PREFIX, ServingConfig, ServingConfigError
 from coeffd.learners.fleet import FLEET_ID, Prediction
 
-__all__ = ["MAX_VALUE", "PredictError", "Predictor", "describe", "predict", "render"]
+__all__ = [
+    "MAX_VALUE",
+    "PredictError",
+    "Predictor",
+    "describe",
+    "error_text",
+    "predict",
+    "render",
+]
 
 #: Longest accepted query value (model names and HF repo ids are far shorter).
 MAX_VALUE = 200
@@ -131,17 +139,27 @@ def predict(
     }
 
 
+def error_text(answer: Mapping[str, Any]) -> str:
+    """How good the answer's coefficients are, in words.
+
+    >>> error_text({"expected_error": 0.032}), error_text({"expected_error": None})
+    ('expected step-time error 3.2 %', 'expected step-time error unknown')
+    """
+    err = answer.get("expected_error")
+    return "expected step-time error " + (
+        f"{100 * err:.1f} %" if isinstance(err, float) else "unknown"
+    )
+
+
 def comment(answer: Mapping[str, Any]) -> str:
     """One YAML comment line saying what the coefficients are and how good."""
-    err = answer.get("expected_error")
-    err_text = f"{100 * err:.1f} %" if isinstance(err, float) else "unknown"
     cfg = answer["configuration"]
     label = "/".join(
         str(cfg["description"].get(k)) for k in ("model", "gpu", "tp") if k in cfg["description"]
     )
     return (
         f"# coeffd: {answer['source']} coefficients for {label} (configuration "
-        f"{cfg['id']}), expected step-time error {err_text}, {_iso(int(answer['wall_ns']))}"
+        f"{cfg['id']}), {error_text(answer)}, {_iso(int(answer['wall_ns']))}"
     )
 
 

@@ -55,7 +55,7 @@ from typing import Any
 import msgspec
 import orjson
 
-from coeffd.daemon.predict import as_snapshot, render
+from coeffd.daemon.predict import as_snapshot, error_text, render
 from coeffd.daemon.predict import comment as prediction_comment
 from coeffd.daemon.publish.blis import to_blis_args
 from coeffd.daemon.publish.defaults_rewrite import DefaultsUpdate, own_comment, plan_defaults_update
@@ -458,11 +458,9 @@ def _pull_prediction(args: argparse.Namespace, server: str, query: dict[str, str
         snap = as_snapshot(answer)
     except (KeyError, TypeError, ValueError) as exc:
         raise PullError(f"{url}: unexpected answer: {exc}") from exc
-    err = answer.get("expected_error")
-    err_text = f"{100 * err:.1f} %" if isinstance(err, float) else "unknown"
     summary = (
         f"{answer['source']} coefficients for {configuration_name(query | {'tp': query.get('tp', 1)})}"
-        f" (configuration {snap.config_id}), expected step-time error {err_text}"
+        f" (configuration {snap.config_id}), {error_text(answer)}"
     )
     print(f"coeffd pull: {summary}", file=sys.stderr)
     out = _write_and_format(args, snap, url, prediction_comment(answer), summary)
