@@ -51,14 +51,15 @@ def limit_blas_threads(threads: int) -> Callable[[], None]:
         else:
             threadpool_limits(limits=threads)
         _holders += 1
-    released = threading.Event()
+    released = False  # read and set under _lock only
 
     def release() -> None:
         global _holders, _limiter
+        nonlocal released
         with _lock:
-            if released.is_set():
+            if released:
                 return
-            released.set()
+            released = True
             _holders -= 1
             if _holders == 0 and _limiter is not None:
                 _limiter.restore_original_limits()
