@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
+import pytest
 import zmq
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
@@ -26,6 +27,11 @@ WAIT_S = 30.0  # safety net against hangs, not a timing assertion
 
 class Fatal(BaseException):
     """Escapes every ``except Exception``: what kills a worker thread."""
+
+
+# These tests kill a thread on purpose (threading reports it, pytest turns that into a
+# warning); anywhere else that warning is a real failure to look at.
+_KILLS_A_THREAD = pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 
 
 class DiesOnce:
@@ -72,6 +78,7 @@ def _wait(pred: Any) -> None:
         time.sleep(0.01)
 
 
+@_KILLS_A_THREAD
 def test_dead_pipeline_worker_fails_readyz_and_is_restarted() -> None:
     settings = Settings.model_validate(
         {
@@ -99,6 +106,7 @@ def test_dead_pipeline_worker_fails_readyz_and_is_restarted() -> None:
         _wait(lambda: consumer.consumed == 3)
 
 
+@_KILLS_A_THREAD
 def test_dead_kv_subscriber_is_restarted_and_receives_again() -> None:
     ctx = zmq.Context.instance()
     pub = ctx.socket(zmq.PUB)
