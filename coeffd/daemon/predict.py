@@ -40,6 +40,7 @@ __all__ = [
     "Predictor",
     "describe",
     "error_text",
+    "iso_time",
     "predict",
     "render",
 ]
@@ -89,7 +90,12 @@ def describe(query: Mapping[str, Sequence[str]]) -> ServingConfig:
         raise PredictError(str(exc)) from None
 
 
-def _iso(wall_ns: int) -> str:
+def iso_time(wall_ns: int) -> str:
+    """UTC wall time to the second, as the provenance comments write it.
+
+    >>> iso_time(1_700_000_000_000_000_000)
+    '2023-11-14T22:13:20Z'
+    """
     return datetime.fromtimestamp(wall_ns / 1e9, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -159,7 +165,7 @@ def comment(answer: Mapping[str, Any]) -> str:
     )
     return (
         f"# coeffd: {answer['source']} coefficients for {label} (configuration "
-        f"{cfg['id']}), {error_text(answer)}, {_iso(int(answer['wall_ns']))}"
+        f"{cfg['id']}), {error_text(answer)}, {iso_time(int(answer['wall_ns']))}"
     )
 
 

@@ -48,14 +48,13 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import orjson
 
-from coeffd.daemon.predict import as_snapshot, error_text, render
+from coeffd.daemon.predict import as_snapshot, error_text, iso_time, render
 from coeffd.daemon.predict import comment as prediction_comment
 from coeffd.daemon.publish.blis import to_blis_args
 from coeffd.daemon.publish.defaults_rewrite import DefaultsUpdate, own_comment, plan_defaults_update
@@ -480,10 +479,6 @@ def _pct(e: Any) -> str:
     return f"{100 * e.mape:.1f} %" if e is not None and e.mape is not None else "unknown"
 
 
-def _when(wall_ns: int) -> str:
-    return datetime.fromtimestamp(wall_ns / 1e9, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def refuse_worse_fleet(snap: Snapshot, path: str) -> None:
     """``PullError`` when the fleet vector's LOCO error is not below BLIS's defaults' on the
     same steps: writing it would make ``path`` worse than the vector it replaces (with
@@ -512,7 +507,7 @@ def fleet_comment(snap: Snapshot) -> str:
         f"# coeffd {snap.coeffd_version}: fleet vector (one alpha/beta fitted over {n} "
         f"configurations), leave-one-configuration-out step-time error "
         f"{_pct(mean.get('fleet'))} (BLIS defaults {_pct(mean.get('blis_default'))}), "
-        f"version {snap.version}, {_when(snap.wall_ns)}"
+        f"version {snap.version}, {iso_time(snap.wall_ns)}"
     )
 
 
@@ -523,7 +518,7 @@ def config_comment(snap: Snapshot) -> str:
         f"# coeffd {snap.coeffd_version}: configuration {snap.config_id} "
         f"({configuration_name(snap.configuration.labels)}) only, step-time error "
         f"{_pct(step.get('learned'))} (BLIS defaults {_pct(step.get('blis_default'))}), "
-        f"version {snap.version}, {_when(snap.wall_ns)}"
+        f"version {snap.version}, {iso_time(snap.wall_ns)}"
     )
 
 
