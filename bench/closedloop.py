@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import structlog
 
 from coeffd.learners.evaluation import regime_error
@@ -65,6 +66,8 @@ from coeffd.simfleet import (
 )
 from coeffd.simfleet.run import config_id, resource_attributes
 from coeffd.simfleet.scenarios import true_coefficients
+
+FloatArray = npt.NDArray[np.float64]
 
 DEFAULT_RATES = SampleRates(1.0, 0.01, 0.001, 100)  # vLLM's defaults (spec §3)
 DENSE_RATES = SampleRates(1.0, 1.0, 0.001, 100)  # every step summarized
@@ -258,6 +261,26 @@ def serve(spec: EngineSpec, duration_s: float, seed: int) -> dict[int, tuple[int
                    record_latencies=True)  # fmt: skip
     lat = res.engines[0].latencies or []
     return {i: (a, f, d) for i, a, f, d in lat}
+
+
+def serve_steps(
+    spec: EngineSpec, duration_s: float, seed: int
+) -> tuple[dict[int, tuple[int, int, int]], FloatArray, FloatArray]:
+    """:func:`serve`, plus the BLIS terms and start times (ns) of every step it ran: the
+    batches a closed loop's latencies are made of, to say which coefficients moved them."""
+    from coeffd.learners.features import BlisBasis, load_hardware, load_model
+    from coeffd.learners.features.basis import batch_stats
+
+    res = simulate([spec], duration_s, seed, telemetry=False, drain_s=duration_s,
+                   record_latencies=True, record_steps=True)  # fmt: skip
+    eng = res.engines[0]
+    sc = spec.serving
+    basis = BlisBasis(load_model(sc.model), load_hardware(sc.gpu), tp=sc.tp, dp=sc.dp)
+    steps = [s for s in eng.steps or [] if s.blis]
+    stats = np.array([batch_stats(s.blis) for s in steps]).reshape(-1, 6)
+    starts = np.array([s.start_ns for s in steps], dtype=np.float64)
+    lat = {i: (a, f, d) for i, a, f, d in eng.latencies or []}
+    return lat, basis.terms_many(stats), starts
 
 
 def serve_pooled(

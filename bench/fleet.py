@@ -19,7 +19,10 @@
 4. **Closed loop** (``bench.closedloop``'s serving runs): each held-out configuration's
    seeded workload served at 60 % of its measured capacity with its true coefficients,
    with the pulled prediction and with BLIS's defaults, noise-free; mean TTFT and E2E
-   relative to the truth run. Target: within 5 %.
+   relative to the truth run. Target: within 5 %. Beside them, each vector's error in the
+   total time of the truth run's loaded steps (``steps``), and the three basis terms that
+   carry most of the pulled one's: what a latency error is made of (at 60 % of capacity
+   the mean E2E moves 1.3–2× the step time: bigger batches, longer queues).
 
 What was predictable: the truth file records each configuration's ``structure`` (fleet
 base × GPU × family × TP factors, then its idiosyncrasy). The *structure-only* vector
@@ -50,7 +53,7 @@ from coeffd.daemon import api
 from coeffd.daemon.commands.pull import pull
 from coeffd.daemon.fleet import FleetPublisher
 from coeffd.daemon.publish.store import SnapshotStore
-from coeffd.learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA
+from coeffd.learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA, TERM_NAMES
 from coeffd.learners.features.config import ServingConfig
 from coeffd.learners.fleet import FleetModel
 from coeffd.learners.registry import LearnerRegistry
@@ -162,27 +165,31 @@ def bias(x: np.ndarray, y: np.ndarray, beta: Sequence[float]) -> float:
 
 def closed_loop(
     learned: Learned, cid: str, alpha: Sequence[float], beta: Sequence[float], seconds: float
-) -> dict[str, dict[str, float]]:
+) -> dict[str, dict[str, Any]]:
     """Mean TTFT/E2E with the pulled, the structure-only and the default vectors relative
-    to the truth."""
-    from bench.closedloop import capacity, latency, serve, with_coefficients
+    to the truth, and each vector's error on the truth run's steps (:func:`step_terms`)."""
+    from bench.closedloop import capacity, latency, serve, serve_steps, with_coefficients
 
     row = next(r for r in FLEET_SHARED if r[0] == learned.names[cid])
     spec = fleet_shared_engine(*row)
     seed = 11
     rate = SERVE_LOAD * capacity(spec, seed, seconds=min(90.0, seconds))
     t = spec.truth.points[0]
-    runs = {
-        name: serve(with_coefficients(spec, a, b, rate), seconds, seed)
-        for name, (a, b) in {
-            "truth": (t.alpha, t.beta),
-            "pulled": (alpha, beta),
-            "structure": structure_only(learned, cid),
-            "blis_default": (BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA),
-        }.items()
+    vectors = {
+        "pulled": (alpha, beta),
+        "structure": structure_only(learned, cid),
+        "blis_default": (BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA),
     }
-    truth = runs["truth"]
-    warm = min(a for a, _, _ in truth.values()) + 0.1 * seconds * 1e9
+    truth, terms, starts = serve_steps(
+        with_coefficients(spec, t.alpha, t.beta, rate), seconds, seed
+    )
+    runs = {"truth": truth} | {
+        name: serve(with_coefficients(spec, a, b, rate), seconds, seed)
+        for name, (a, b) in vectors.items()
+    }
+    t0 = min(a for a, _, _ in truth.values())
+    warm = t0 + 0.1 * seconds * 1e9
+    loaded = terms[(starts >= warm) & (starts < t0 + seconds * 1e9)]
     keys = sorted(
         k for k, (a, _, _) in truth.items() if a >= warm and all(k in r for r in runs.values())
     )
@@ -194,8 +201,21 @@ def closed_loop(
             "mean_ttft": lat.mean_ttft / ref.mean_ttft - 1.0,
             "mean_e2e": lat.mean_e2e / ref.mean_e2e - 1.0,
             "requests": float(len(keys)),
+            "step_terms": step_terms(loaded, vectors[name][1], t.beta),
         }
     return out
+
+
+def step_terms(terms: np.ndarray, beta: Sequence[float], true_beta: Sequence[float]) -> np.ndarray:
+    """Per basis term, its share of the error in the total time of the steps ``terms``
+    (``Σ terms·(β − β_true) / Σ terms·β_true``): summed, the relative error of the busy
+    time those steps took, i.e. of the step times a closed loop's latencies are made of —
+    and which coefficients it came from."""
+    tb = np.asarray(true_beta, dtype=float)
+    total = float((terms @ tb).sum())
+    if not len(terms) or total <= 0:
+        return np.zeros(len(tb))
+    return (terms * (np.asarray(beta, dtype=float) - tb)).sum(axis=0) / total
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -288,9 +308,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"{'held out':<22}{'source':>14}{'requests':>9}{'TTFT pulled':>13}{'E2E pulled':>12}"
             f"{'TTFT struct':>13}{'E2E struct':>12}{'TTFT def':>10}{'E2E def':>9}"
-            f"{'α0 pulled':>11}"
+            f"{'α0 pulled':>11}{'steps pulled':>14}{'steps struct':>14}"
         )
         worst_cl = 0.0
+        culprits = []
         for cid, ans in answers.items():
             cl = closed_loop(learned, cid, ans["alpha"], ans["beta"], a.serve_seconds)
             pu, st, de = cl["pulled"], cl["structure"], cl["blis_default"]
@@ -304,10 +325,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{st['mean_ttft']:>+13.3%}{st['mean_e2e']:>+12.3%}"
                 f"{de['mean_ttft']:>+10.1%}{de['mean_e2e']:>+9.1%}"
                 f"{ans['alpha'][0] / true_a0 - 1:>+11.1%}"
+                f"{pu['step_terms'].sum():>+14.2%}{st['step_terms'].sum():>+14.2%}"
                 f"{'' if w <= CLOSED_LOOP_TARGET else '  MISSED'}"
             )
+            culprits.append((learned.names[cid], pu["step_terms"]))
         print(f"worst |mean TTFT/E2E| of the pulled prediction {worst_cl:.3%} "
               f"(target ≤ {CLOSED_LOOP_TARGET:.0%})")  # fmt: skip
+        print(
+            "steps: the vector's error in the total time of the truth run's loaded steps; "
+            "the terms that carry most of the pulled one's:"
+        )
+        for name, contrib in culprits:
+            top = np.argsort(-np.abs(contrib))[:3]
+            print(f"  {name:<22}" + ", ".join(f"{TERM_NAMES[i]} {contrib[i]:+.2%}" for i in top))
     return 0 if ok else 1
 
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+import pytest
+
 from bench.closedloop import (
     DENSE_RATES,
     REPLICA_KEY_STRIDE,
@@ -18,8 +21,10 @@ from bench.closedloop import (
     run,
     serve,
     serve_pooled,
+    serve_steps,
     with_coefficients,
 )
+from bench.fleet import step_terms
 from coeffd.learners.evaluation import REGIMES, regime_error
 from coeffd.simfleet import BLIS_BETA
 
@@ -101,3 +106,22 @@ def test_pulled_coefficients_judged_against_truth_and_blis_defaults() -> None:
     # depends on the machine's speed: versions are published on the wall clock)
     assert pulled.history and pulled.history[-1][0] == pulled.version
     assert pulled.history[-1][3] == pulled.beta
+
+
+def test_serve_steps_is_the_same_run_with_its_batches_and_says_which_term_moved() -> None:
+    truth = engine_spec("dense").truth.points[0]
+    spec = with_coefficients(engine_spec("dense"), truth.alpha, truth.beta, 8.0)
+    lat, terms, starts = serve_steps(spec, 30.0, 5)
+    assert lat == serve(spec, 30.0, 5)  # recording the steps does not perturb the run
+    assert terms.shape == (len(starts), len(BLIS_BETA)) and len(starts) > 100
+    assert np.all(np.diff(starts) > 0) and np.all(terms >= 0)
+    t = truth.beta
+    assert step_terms(terms, t, t) == pytest.approx(np.zeros(len(t)))
+    assert step_terms(terms, [b * 1.1 for b in t], t).sum() == pytest.approx(0.1)
+    # one coefficient 10 % high: the error is that term's share of the busy time, all of it
+    # charged to that term
+    moved = list(t)
+    moved[2] *= 1.1
+    c = step_terms(terms, moved, t)
+    share = (terms[:, 2] * t[2]).sum() / (terms @ np.asarray(t)).sum()
+    assert c[2] == pytest.approx(0.1 * share) and np.count_nonzero(c) == 1 and 0 < share < 1
