@@ -24,6 +24,15 @@
    carry most of the pulled one's: what a latency error is made of (at 60 % of capacity
    the mean E2E moves 1.3–2× the step time: bigger batches, longer queues).
 
+5. **Where a held-out error comes from** (table 4, on those loaded steps): the same
+   prediction made from the same fleet with every observation replaced by its noise-free
+   value — the same information matrices, so the same batches — under each member's true
+   vector (``exact``) and under its structure-only vector (``exact struct``). Learned vs
+   exact is the observation noise; exact vs exact struct, the other members'
+   idiosyncrasies leaking into the prediction; exact struct vs structure-only, what the
+   model and the fleet's batches cannot identify; structure-only vs 0, the held-out
+   configuration's own idiosyncrasy.
+
 What was predictable: the truth file records each configuration's ``structure`` (fleet
 base × GPU × family × TP factors, then its idiosyncrasy). The *structure-only* vector
 (every shared factor known exactly, no idiosyncrasy) is the best any fleet model could
@@ -39,8 +48,8 @@ import argparse
 import math
 import sys
 import tempfile
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +64,7 @@ from coeffd.daemon.fleet import FleetPublisher
 from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA, TERM_NAMES
 from coeffd.learners.features.config import ServingConfig
-from coeffd.learners.fleet import FleetModel
+from coeffd.learners.fleet import FleetModel, MemberStats, member_stats
 from coeffd.learners.registry import LearnerRegistry
 from coeffd.receivers.joiner import Joiner
 from coeffd.receivers.otlp.decode import Decoder
@@ -67,6 +76,7 @@ LOCO_TARGET = 0.5  # fleet LOCO error / BLIS defaults' error, every configuratio
 STATED_TARGET = 1.5  # actual error of the pulled prediction / its stated expected error
 CLOSED_LOOP_TARGET = 0.05  # |mean TTFT/E2E − truth| / truth
 SERVE_LOAD = 0.6  # of the configuration's measured capacity
+EXACT = ("exact", "exact_structure")  # noise-free fleets (:func:`exact_predictions`)
 
 
 @dataclass
@@ -164,10 +174,16 @@ def bias(x: np.ndarray, y: np.ndarray, beta: Sequence[float]) -> float:
 
 
 def closed_loop(
-    learned: Learned, cid: str, alpha: Sequence[float], beta: Sequence[float], seconds: float
+    learned: Learned,
+    cid: str,
+    alpha: Sequence[float],
+    beta: Sequence[float],
+    seconds: float,
+    probes: Mapping[str, Sequence[float]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Mean TTFT/E2E with the pulled, the structure-only and the default vectors relative
-    to the truth, and each vector's error on the truth run's steps (:func:`step_terms`)."""
+    to the truth, and each vector's error on the truth run's steps (:func:`step_terms`);
+    ``probes`` (name → β) are only scored on those steps (``out["probes"][name]``)."""
     from bench.closedloop import capacity, latency, serve, serve_steps, with_coefficients
 
     row = next(r for r in FLEET_SHARED if r[0] == learned.names[cid])
@@ -203,6 +219,46 @@ def closed_loop(
             "requests": float(len(keys)),
             "step_terms": step_terms(loaded, vectors[name][1], t.beta),
         }
+    out["probes"] = {k: step_terms(loaded, b, t.beta) for k, b in (probes or {}).items()}
+    return out
+
+
+def exact_members(learned: Learned, idiosyncrasy: bool) -> list[MemberStats]:
+    """The fleet's member statistics with every observation replaced by its noise-free
+    value under the configuration's true vector (``idiosyncrasy``) or its structure-only
+    one: the same information matrices (the same batches, weights and forgetting), no
+    noise — what the fleet model would make of perfect observations."""
+    out = []
+    for cid in learned.registry.ids():
+        ls = learned.registry.get(cid)
+        m = member_stats(ls) if ls is not None else None
+        if m is None:
+            continue
+        th = np.asarray(
+            _truth(learned, cid)["coefficients"]["points"][0]["beta"]
+            if idiosyncrasy
+            else structure_only(learned, cid)[1],
+            dtype=float,
+        )
+        out.append(
+            replace(
+                m,
+                beta_b=m.beta_a @ th,
+                rows_y=None if m.rows_x is None else m.rows_x @ th,
+            )
+        )
+    return out
+
+
+def exact_predictions(learned: Learned) -> dict[str, dict[str, list[float]]]:
+    """Per configuration: the prediction with it held out of each :func:`exact_members`
+    fleet (``exact``: true vectors; ``exact_structure``: structure-only vectors)."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for name, idio in zip(EXACT, (True, False), strict=True):
+        members = exact_members(learned, idio)
+        for m in members:
+            fm = FleetModel([o for o in members if o.key != m.key])
+            out.setdefault(m.key, {})[name] = list(fm.predict(m.description).beta)
     return out
 
 
@@ -312,8 +368,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         worst_cl = 0.0
         culprits = []
+        exact = exact_predictions(learned)
+        sources = {}
         for cid, ans in answers.items():
-            cl = closed_loop(learned, cid, ans["alpha"], ans["beta"], a.serve_seconds)
+            cl = closed_loop(
+                learned, cid, ans["alpha"], ans["beta"], a.serve_seconds, exact.get(cid)
+            )
             pu, st, de = cl["pulled"], cl["structure"], cl["blis_default"]
             w = max(abs(pu["mean_ttft"]), abs(pu["mean_e2e"]))
             worst_cl = max(worst_cl, w)
@@ -329,6 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{'' if w <= CLOSED_LOOP_TARGET else '  MISSED'}"
             )
             culprits.append((learned.names[cid], pu["step_terms"]))
+            sources[learned.names[cid]] = (pu, st, cl["probes"])
         print(f"worst |mean TTFT/E2E| of the pulled prediction {worst_cl:.3%} "
               f"(target ≤ {CLOSED_LOOP_TARGET:.0%})")  # fmt: skip
         print(
@@ -338,6 +399,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, contrib in culprits:
             top = np.argsort(-np.abs(contrib))[:3]
             print(f"  {name:<22}" + ", ".join(f"{TERM_NAMES[i]} {contrib[i]:+.2%}" for i in top))
+        print(
+            "\n4. Where a held-out error comes from: error in the loop's step time of the "
+            "prediction from the learned fleet, from the same fleet with every observation "
+            "noise-free (exact), and also without the members' idiosyncrasies (exact "
+            "structure); last, the structure-only vector (the held-out's own idiosyncrasy)"
+        )
+        print(f"{'held out':<22}{'learned':>10}{'exact':>10}{'exact struct':>14}{'struct':>10}")
+        for name, (pu, st, pr) in sources.items():
+            ex, es = (float(pr[k].sum()) if k in pr else math.nan for k in EXACT)
+            print(
+                f"{name:<22}{pu['step_terms'].sum():>+10.2%}{ex:>+10.2%}{es:>+14.2%}"
+                f"{st['step_terms'].sum():>+10.2%}"
+            )
     return 0 if ok else 1
 
 
