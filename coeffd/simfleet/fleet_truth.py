@@ -12,9 +12,11 @@ configurations is mostly *structured*. Here the true vector of configuration ``c
 * ``base``: this fleet's software relative to BLIS's shipped (iteration-29) vector
   (:data:`BASE_SCALE`): a newer build with faster weight streaming, slower prefill
   kernels, costlier TP all-reduce and scheduling, and non-zero decode-compute and
-  prefill-KV terms where BLIS ships 0 (so both are identifiable). BLIS's defaults are
-  therefore off by a similar amount on every configuration — what a fleet model learns
-  once for all of them.
+  prefill-KV terms where BLIS ships 0 (so both have something to learn; inside one
+  configuration decode compute is collinear with the per-request and decode-KV terms, so
+  only contrasts between configurations pin it, and weakly: ``bench fleet``, table 4).
+  BLIS's defaults are therefore off by a similar amount on every configuration — what a
+  fleet model learns once for all of them.
 * ``gpu``: per-GPU efficiency (:data:`GPU_SCALE`): A100s reach a different share of their
   peak FLOPs and bandwidth than H100s, and their hosts add per-step time.
 * ``family``: per-model-family overheads (:data:`FAMILY_SCALE`) on the per-layer,
