@@ -22,7 +22,7 @@
    relative to the truth run. Target: within 5 %. Beside them, each vector's error in the
    total time of the truth run's loaded steps (``steps``), and the three basis terms that
    carry most of the pulled one's: what a latency error is made of (at 60 % of capacity
-   the mean E2E moves 1.3–2× the step time: bigger batches, longer queues).
+   the mean E2E moves 1.1–2.2× the step time: bigger batches, longer queues).
 
 5. **Where a held-out error comes from** (table 4, on those loaded steps): the same
    prediction made from the same fleet with every observation replaced by its noise-free
