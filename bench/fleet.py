@@ -252,7 +252,9 @@ def exact_members(learned: Learned, idiosyncrasy: bool) -> list[MemberStats]:
 
 def exact_predictions(learned: Learned) -> dict[str, dict[str, list[float]]]:
     """Per configuration: the prediction with it held out of each :func:`exact_members`
-    fleet (``exact``: true vectors; ``exact_structure``: structure-only vectors)."""
+    fleet (``exact``: true vectors; ``exact_structure``: structure-only vectors). These
+    fleets have no registry, so no ``pooled_prior`` candidate; the pulled prediction has
+    one (it is picked for none of the 12 here)."""
     out: dict[str, dict[str, list[float]]] = {}
     for name, idio in zip(EXACT, (True, False), strict=True):
         members = exact_members(learned, idio)
