@@ -369,9 +369,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{'α0 pulled':>11}{'steps pulled':>14}{'steps struct':>14}"
         )
         worst_cl = 0.0
-        culprits = []
         exact = exact_predictions(learned)
-        sources = {}
+        rows: dict[str, tuple[dict[str, Any], ...]] = {}  # per held-out: pulled, struct, probes
         for cid, ans in answers.items():
             cl = closed_loop(
                 learned, cid, ans["alpha"], ans["beta"], a.serve_seconds, exact.get(cid)
@@ -390,15 +389,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{pu['step_terms'].sum():>+14.2%}{st['step_terms'].sum():>+14.2%}"
                 f"{'' if w <= CLOSED_LOOP_TARGET else '  MISSED'}"
             )
-            culprits.append((learned.names[cid], pu["step_terms"]))
-            sources[learned.names[cid]] = (pu, st, cl["probes"])
+            rows[learned.names[cid]] = (pu, st, cl["probes"])
         print(f"worst |mean TTFT/E2E| of the pulled prediction {worst_cl:.3%} "
               f"(target ≤ {CLOSED_LOOP_TARGET:.0%})")  # fmt: skip
         print(
             "steps: the vector's error in the total time of the truth run's loaded steps; "
             "the terms that carry most of the pulled one's:"
         )
-        for name, contrib in culprits:
+        for name, (pu, _, _) in rows.items():
+            contrib = pu["step_terms"]
             top = np.argsort(-np.abs(contrib))[:3]
             print(f"  {name:<22}" + ", ".join(f"{TERM_NAMES[i]} {contrib[i]:+.2%}" for i in top))
         print(
@@ -408,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "structure); last, the structure-only vector (the held-out's own idiosyncrasy)"
         )
         print(f"{'held out':<22}{'learned':>10}{'exact':>10}{'exact struct':>14}{'struct':>10}")
-        for name, (pu, st, pr) in sources.items():
+        for name, (pu, st, pr) in rows.items():
             ex, es = (float(pr[k].sum()) if k in pr else math.nan for k in EXACT)
             print(
                 f"{name:<22}{pu['step_terms'].sum():>+10.2%}{ex:>+10.2%}{es:>+14.2%}"
