@@ -257,10 +257,7 @@ def serve(spec: EngineSpec, duration_s: float, seed: int) -> dict[int, tuple[int
 
     Arrivals stop at ``duration_s``; the engine then drains for up to ``duration_s`` more
     so a slow coefficient set still finishes the same requests."""
-    res = simulate([spec], duration_s, seed, telemetry=False, drain_s=duration_s,
-                   record_latencies=True)  # fmt: skip
-    lat = res.engines[0].latencies or []
-    return {i: (a, f, d) for i, a, f, d in lat}
+    return _latencies(_served(spec, duration_s, seed, record_steps=False))
 
 
 def serve_steps(
@@ -268,19 +265,33 @@ def serve_steps(
 ) -> tuple[dict[int, tuple[int, int, int]], FloatArray, FloatArray]:
     """:func:`serve`, plus the BLIS terms and start times (ns) of every step it ran: the
     batches a closed loop's latencies are made of, to say which coefficients moved them."""
-    from coeffd.learners.features import BlisBasis, load_hardware, load_model
     from coeffd.learners.features.basis import batch_stats
 
-    res = simulate([spec], duration_s, seed, telemetry=False, drain_s=duration_s,
-                   record_latencies=True, record_steps=True)  # fmt: skip
-    eng = res.engines[0]
-    sc = spec.serving
-    basis = BlisBasis(load_model(sc.model), load_hardware(sc.gpu), tp=sc.tp, dp=sc.dp)
+    eng = _served(spec, duration_s, seed, record_steps=True)
     steps = [s for s in eng.steps or [] if s.blis]
     stats = np.array([batch_stats(s.blis) for s in steps]).reshape(-1, 6)
     starts = np.array([s.start_ns for s in steps], dtype=np.float64)
-    lat = {i: (a, f, d) for i, a, f, d in eng.latencies or []}
-    return lat, basis.terms_many(stats), starts
+    return _latencies(eng), _basis(spec).terms_many(stats), starts
+
+
+def _served(spec: EngineSpec, duration_s: float, seed: int, record_steps: bool) -> Any:
+    """The one engine of a serving run (arrivals stop at ``duration_s``, then up to as
+    long again to drain), with its latencies and, if asked, its step records."""
+    res = simulate([spec], duration_s, seed, telemetry=False, drain_s=duration_s,
+                   record_latencies=True, record_steps=record_steps)  # fmt: skip
+    return res.engines[0]
+
+
+def _latencies(eng: Any) -> dict[int, tuple[int, int, int]]:
+    return {i: (a, f, d) for i, a, f, d in eng.latencies or []}
+
+
+def _basis(spec: EngineSpec) -> Any:
+    """The BLIS basis of ``spec``'s deployment, as simfleet's physics builds it."""
+    from coeffd.learners.features import BlisBasis, load_hardware, load_model
+
+    sc = spec.serving
+    return BlisBasis(load_model(sc.model), load_hardware(sc.gpu), sc.tp, sc.dp, sc.moe_comm_backend)
 
 
 def serve_pooled(
@@ -531,10 +542,9 @@ def run(
 def regime_terms(spec: EngineSpec) -> dict[str, Any]:
     """BLIS terms of the fixed per-regime batches for ``spec``'s configuration."""
     from coeffd.learners.evaluation import regime_batches
-    from coeffd.learners.features import BlisBasis, load_hardware, load_model
 
     sc = spec.serving
-    basis = BlisBasis(load_model(sc.model), load_hardware(sc.gpu), tp=sc.tp, dp=sc.dp)
+    basis = _basis(spec)
     batches = regime_batches(sc.max_num_batched_tokens, sc.max_num_seqs)
     return {r: np.array([basis.terms(b) for b in bs]) for r, bs in batches.items()}
 

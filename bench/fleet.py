@@ -223,41 +223,39 @@ def closed_loop(
     return out
 
 
-def exact_members(learned: Learned, idiosyncrasy: bool) -> list[MemberStats]:
-    """The fleet's member statistics with every observation replaced by its noise-free
-    value under the configuration's true vector (``idiosyncrasy``) or its structure-only
-    one: the same information matrices (the same batches, weights and forgetting), no
-    noise — what the fleet model would make of perfect observations."""
+def exact_members(
+    members: Sequence[MemberStats], truth: Mapping[str, Sequence[float]]
+) -> list[MemberStats]:
+    """``members`` with every observation replaced by its noise-free value under
+    ``truth[key]``: the same information matrices (the same batches, weights and
+    forgetting), no noise — what the fleet model would make of perfect observations."""
     out = []
-    for cid in learned.registry.ids():
-        ls = learned.registry.get(cid)
-        m = member_stats(ls) if ls is not None else None
-        if m is None:
-            continue
-        th = np.asarray(
-            _truth(learned, cid)["coefficients"]["points"][0]["beta"]
-            if idiosyncrasy
-            else structure_only(learned, cid)[1],
-            dtype=float,
-        )
-        out.append(
-            replace(
-                m,
-                beta_b=m.beta_a @ th,
-                rows_y=None if m.rows_x is None else m.rows_x @ th,
-            )
-        )
+    for m in members:
+        th = np.asarray(truth[m.key], dtype=float)
+        rows_y = None if m.rows_x is None else m.rows_x @ th
+        out.append(replace(m, beta_b=m.beta_a @ th, rows_y=rows_y))
     return out
 
 
 def exact_predictions(learned: Learned) -> dict[str, dict[str, list[float]]]:
-    """Per configuration: the prediction with it held out of each :func:`exact_members`
-    fleet (``exact``: true vectors; ``exact_structure``: structure-only vectors). These
-    fleets have no registry, so no ``pooled_prior`` candidate; the pulled prediction has
-    one (it is picked for none of the 12 here)."""
+    """Per configuration: the prediction with it held out of the fleet made exact
+    (:func:`exact_members`) under every member's true vector (``exact``) and under its
+    structure-only vector (``exact_structure``). These fleets have no registry, so no
+    ``pooled_prior`` candidate; the pulled prediction has one (it is picked for none of
+    the 12 here)."""
+    learned_members = [
+        m
+        for cid in learned.registry.ids()
+        if (ls := learned.registry.get(cid)) is not None and (m := member_stats(ls)) is not None
+    ]
+    keys = [m.key for m in learned_members]
+    truths = {
+        "exact": {k: _truth(learned, k)["coefficients"]["points"][0]["beta"] for k in keys},
+        "exact_structure": {k: structure_only(learned, k)[1] for k in keys},
+    }
     out: dict[str, dict[str, list[float]]] = {}
-    for name, idio in zip(EXACT, (True, False), strict=True):
-        members = exact_members(learned, idio)
+    for name in EXACT:
+        members = exact_members(learned_members, truths[name])
         for m in members:
             fm = FleetModel([o for o in members if o.key != m.key])
             out.setdefault(m.key, {})[name] = list(fm.predict(m.description).beta)
