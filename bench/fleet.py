@@ -1,7 +1,7 @@
 """The fleet model and predictions for unseen configurations, on ``fleet-shared``.
 
-``python -m bench fleet [--quick] [--duration 60] [--seed 1] [--step-rate 0.25]
-[--no-closedloop]``
+``python -m bench fleet [--quick] [--duration 120] [--seed 1] [--step-rate 0.25]
+[--no-closedloop] [--draws 20]``
 
 1. **Learn**: simfleet's ``fleet-shared`` scenario (12 configurations, dense and MoE, H100
    and A100, TP 1/2/4; true coefficients = a fleet base × per-GPU efficiency × per-family
@@ -32,6 +32,13 @@
    idiosyncrasies leaking into the prediction; exact struct vs structure-only, what the
    model and the fleet's batches cannot identify; structure-only vs 0, the held-out
    configuration's own idiosyncrasy.
+6. **Another fleet like this one** (table 5, ``--draws``): the scenario's idiosyncrasies
+   are one draw. Every truth's ±3 % idiosyncrasy is drawn again (``--draws`` times);
+   each member's statistics are moved to its redrawn truth. The batches, weights and
+   observation noise stay the same (:func:`shifted_members`). Each held-out prediction is
+   then scored on its loop's steps, beside its structure-only vector (its own quirk, which
+   no fleet model can know). It shows how often a fleet with this structure would meet
+   the closed-loop target, not just this draw. Information only: no target.
 
 What was predictable: the truth file records each configuration's ``structure`` (fleet
 base × GPU × family × TP factors, then its idiosyncrasy). The *structure-only* vector
