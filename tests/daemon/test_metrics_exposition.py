@@ -10,12 +10,14 @@ import argparse
 import contextlib
 import io
 import json
+import struct
 import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -24,16 +26,34 @@ from coeffd.daemon.commands.replay import replay_settings, run_replay
 from coeffd.daemon.commands.serve import build_app
 from coeffd.daemon.learning import LearningConsumer
 from coeffd.daemon.publish.snapshot import coeffd_version
-from coeffd.daemon.settings import load_settings
+from coeffd.daemon.settings import Settings, load_settings
 from coeffd.simfleet import SampleRates, run
 
 
 @pytest.fixture(scope="module")
-def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("traces") / "fleet.jsonl"
-    with path.open("wb") as out:
-        run("fleet", 20, 5, rates=SampleRates(1.0, 1.0, 0.02, 100), trace_out=out, drain_s=5)
-    return path
+def traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One simulated fleet run, written twice by the same exports: as JSON lines (the
+    Collector file exporter's ``format: json``) and as length-prefixed protobuf frames
+    (its ``format: proto``). Replaying the frames skips the JSON → protobuf conversion,
+    which is most of a replay's time; both files hold the very same requests."""
+    tmp = tmp_path_factory.mktemp("traces")
+    paths = {"json": tmp / "fleet.jsonl", "proto": tmp / "fleet.otlp"}
+    with paths["json"].open("wb") as out, paths["proto"].open("wb") as frames:
+
+        def frame(req: ExportTraceServiceRequest) -> None:
+            data = req.SerializeToString()
+            frames.write(struct.pack(">I", len(data)) + data)
+
+        run(
+            "fleet",
+            20,
+            5,
+            rates=SampleRates(1.0, 1.0, 0.02, 100),
+            trace_out=out,
+            trace_sinks=[frame],
+            drain_s=5,
+        )
+    return paths
 
 
 def _configurations(**kw: Any) -> tuple[int, str]:
@@ -46,13 +66,7 @@ def _configurations(**kw: Any) -> tuple[int, str]:
     return code, out.getvalue()
 
 
-def _scrape(traces: Path, tmp: Path, histograms: str) -> tuple[list[Any], list[str], dict]:
-    """Replay the fleet into a daemon and stop it (every step learned and published);
-    then start a second daemon on the same state and snapshots and scrape it over HTTP.
-
-    Returns the live scrape, the configuration ids, the ``coeffd configurations``
-    listings and (under ``"learned"``) the first daemon's final exposition, whose
-    per-configuration series are complete (a restart keeps state, not histograms)."""
+def _settings(tmp: Path, histograms: str) -> Settings:
     overrides = {
         "http": {"endpoint": "127.0.0.1:0", "error_histograms": histograms},
         "receivers": {"otlp_grpc": {"enabled": False}, "otlp_http": {"enabled": False}},
@@ -60,14 +74,31 @@ def _scrape(traces: Path, tmp: Path, histograms: str) -> tuple[list[Any], list[s
         "state": {"state_dir": str(tmp / "state")},
         "log": {"level": "warning"},
     }
-    settings = replay_settings(load_settings(overrides=overrides, environ={}), serve=True)
-    first = build_app(settings, live=False)
+    return replay_settings(load_settings(overrides=overrides, environ={}), serve=True)
+
+
+def _learn(traces: Path, tmp: Path, histograms: str) -> tuple[list[str], list[Any]]:
+    """Replay the fleet into a daemon and stop it (every step learned and published).
+
+    Returns the configuration ids and the daemon's final exposition, whose
+    per-configuration series are complete (a restart keeps state, not histograms)."""
+    first = build_app(_settings(tmp, histograms), live=False)
     first.start()
     run_replay(first, [str(traces)], show_progress=False)
     first.stop()
     assert isinstance(first.consumer, LearningConsumer)
     ids = list(first.consumer.registry.ids())
-    learned = list(text_string_to_metric_families(generate_latest(first.registry).decode()))
+    return ids, list(text_string_to_metric_families(generate_latest(first.registry).decode()))
+
+
+def _scrape(traces: Path, tmp: Path, histograms: str) -> tuple[list[Any], list[str], dict]:
+    """:func:`_learn`, then start a second daemon on the same state and snapshots and
+    scrape it over HTTP.
+
+    Returns the live scrape, the configuration ids, the ``coeffd configurations``
+    listings and (under ``"learned"``) the first daemon's final exposition."""
+    ids, learned = _learn(traces, tmp, histograms)
+    settings = _settings(tmp, histograms)
     app = build_app(settings)
     app.start()
     try:
@@ -85,11 +116,15 @@ def _scrape(traces: Path, tmp: Path, histograms: str) -> tuple[list[Any], list[s
 
 
 @pytest.fixture(scope="module")
-def scrapes(traces: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return {
-        mode: _scrape(traces, tmp_path_factory.mktemp(mode), mode)
-        for mode in ("full", "coarse", "off")
-    }
+def scrapes(traces: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """``full``: the JSON lines replayed, restarted and scraped live. ``coarse``, ``off``:
+    the same requests' frames replayed, for their final expositions and ids only (what
+    the tests read of them; ``(None, ids, {"learned": ...})``)."""
+    out: dict[str, Any] = {"full": _scrape(traces["json"], tmp_path_factory.mktemp("full"), "full")}
+    for mode in ("coarse", "off"):
+        ids, learned = _learn(traces["proto"], tmp_path_factory.mktemp(mode), mode)
+        out[mode] = (None, ids, {"learned": learned})
+    return out
 
 
 def _samples(families: list[Any]) -> list[Any]:
@@ -127,6 +162,8 @@ def test_error_histograms_setting_sizes_the_series_per_configuration(
 ) -> None:
     counts = {m: _per_config(scrapes[m][2]["learned"], scrapes[m][1]) for m in scrapes}
     ids = scrapes["full"][1]
+    # the same requests (JSON lines for full, their frames for the others): same configurations
+    assert sorted(scrapes["coarse"][1]) == sorted(scrapes["off"][1]) == sorted(ids)
     for cid in ids:
         assert counts["full"][cid] > counts["coarse"][cid] > counts["off"][cid] > 0
     for mode in counts:  # README "Settings" states these

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
@@ -36,6 +37,26 @@ def _run(async_scheduling: bool, duration: float, seed: int, **serving: object) 
     return run_fleet(specs, duration, seed=seed, rates=DEFAULT)
 
 
+#: One run per scheduling mode, shared by the tests of this module (they only read it:
+#: records are frozen, and each test joins the batches with its own Joiner).
+LONG_S, LONG_SEED = 240.0, 7
+
+
+class _LongRuns(dict[bool, FleetRun]):
+    """async_scheduling → its run, simulated on first use."""
+
+    def __missing__(self, async_scheduling: bool) -> FleetRun:
+        fr = self[async_scheduling] = _run(async_scheduling, LONG_S, seed=LONG_SEED)
+        return fr
+
+
+@pytest.fixture(scope="module")
+def long_runs() -> Iterator[dict[bool, FleetRun]]:
+    runs = _LongRuns()
+    yield runs
+    runs.clear()  # free the records once the module is done
+
+
 def _join(fr: FleetRun) -> tuple[Joiner, list]:
     j = Joiner(JoinerConfig())
     out: list = []
@@ -45,8 +66,10 @@ def _join(fr: FleetRun) -> tuple[Joiner, list]:
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False])
-def test_default_sampling_spans_match_truth_batch_by_batch(async_scheduling: bool) -> None:
-    fr = _run(async_scheduling, 150.0, seed=5)
+def test_default_sampling_spans_match_truth_batch_by_batch(
+    async_scheduling: bool, long_runs: dict[bool, FleetRun]
+) -> None:
+    fr = long_runs[async_scheduling]
     j, out = _join(fr)
     truth = fr.steps_truth()
     steps = [o for o in out if isinstance(o, StepObservation)]
@@ -87,8 +110,10 @@ def test_prefill_steps_are_rebuilt_without_a_prefix_cache() -> None:
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False])
-def test_alpha0_from_journeys_alone_is_unbiased(async_scheduling: bool) -> None:
-    fr = _run(async_scheduling, 240.0, seed=7)
+def test_alpha0_from_journeys_alone_is_unbiased(
+    async_scheduling: bool, long_runs: dict[bool, FleetRun]
+) -> None:
+    fr = long_runs[async_scheduling]
     j, out = _join(fr)
     reqs = [o for o in out if isinstance(o, RequestObservation)]
     est = [
@@ -110,11 +135,13 @@ def test_alpha0_from_journeys_alone_is_unbiased(async_scheduling: bool) -> None:
     )
 
 
-def test_alpha0_stays_unbiased_when_export_batches_are_lost() -> None:
+def test_alpha0_stays_unbiased_when_export_batches_are_lost(
+    long_runs: dict[bool, FleetRun],
+) -> None:
     # an exporter drops a whole batch when the receiver pushes back: the journeys of the
     # requests around a QUEUED can be gone while its own arrives. Such a request is not
     # "idle" (wait 0, its whole loop wait learned into α0) but unseen.
-    fr = _run(False, 240.0, seed=7)
+    fr = long_runs[False]
     # a third of the export batches lost, three in a row at a time (taking them for idle
     # put the mean 5.5 standard errors high)
     lossy = replace(fr, batches=[b for i, b in enumerate(fr.batches) if (i // 3) % 3 != 1])

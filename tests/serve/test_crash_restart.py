@@ -4,6 +4,7 @@ restart on the same directories: no torn file, state restored, learning continue
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -54,6 +55,19 @@ def test_kill_9_during_heavy_writes_then_restart(tmp_path: Path) -> None:
     store = SnapshotStore(tmp_path / "snapshots")
     ckpt = CheckpointStore(tmp_path / "state")
     try:
+        _crash_and_restart(d, stop, store, ckpt, tmp_path)
+    finally:
+        # The feed, stopped at the kill, flushes into the dead daemon: its exporter retries
+        # until it gives up (~15 s). It does so while the restarted daemon (on newly bound
+        # ports) learns, instead of before; by here it has (nearly) finished.
+        stop.set()
+        thread.join(30)
+
+
+def _crash_and_restart(
+    d: Daemon, stop: threading.Event, store: SnapshotStore, ckpt: CheckpointStore, tmp_path: Path
+) -> None:
+    try:
         deadline = time.monotonic() + 120
         # Heavy writing is under way: several versions and a checkpoint exist.
         while not (
@@ -71,7 +85,6 @@ def test_kill_9_during_heavy_writes_then_restart(tmp_path: Path) -> None:
         d.proc.wait(10)
     finally:
         stop.set()
-        thread.join(30)
         if d.proc.poll() is None:
             d.proc.kill()
 
