@@ -26,8 +26,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Two workers (CI's machine has two cores), one test file per worker at a time, so a
+# module's shared fixture is built once; `make pytest PYTEST_WORKERS=` runs serially.
+PYTEST_WORKERS ?= -n 2 --dist loadfile
+
 pytest: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest $(PYTEST_WORKERS)
 
 test: lint typecheck pytest  ## set up, then ruff + mypy + pytest
 
