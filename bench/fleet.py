@@ -166,6 +166,12 @@ def pull_prediction(
     return answer
 
 
+def _point(learned: Learned, cid: str) -> dict[str, Any]:
+    """The configuration's true α/β (its truth file's single coefficient point)."""
+    point: dict[str, Any] = _truth(learned, cid)["coefficients"]["points"][0]
+    return point
+
+
 def structure_only(learned: Learned, cid: str) -> tuple[list[float], list[float]]:
     """α/β from the truth's shared factors alone (no idiosyncrasy): what was predictable."""
     s = _truth(learned, cid)["structure"]
@@ -284,7 +290,7 @@ def redrawn(
     sample: how often would another fleet with the same structure meet the target?
     (No ``pooled_prior`` candidate, as in :func:`exact_predictions`.)"""
     members = _members(learned)
-    actual = {m.key: _truth(learned, m.key)["coefficients"]["points"][0]["beta"] for m in members}
+    actual = {m.key: _point(learned, m.key)["beta"] for m in members}
     struct = {m.key: np.asarray(structure_only(learned, m.key)[1]) for m in members}
     out: dict[str, dict[str, list[float]]] = {k: {"pulled": [], "structure": []} for k in loaded}
     for d in range(draws):
@@ -295,10 +301,9 @@ def redrawn(
             if m.key not in loaded:
                 continue
             beta = FleetModel([o for o in moved if o.key != m.key]).predict(m.description).beta
-            x = loaded[m.key]
-            t = float((x @ truth[m.key]).sum())
-            out[m.key]["pulled"].append(float((x @ np.asarray(beta)).sum()) / t - 1.0)
-            out[m.key]["structure"].append(float((x @ struct[m.key]).sum()) / t - 1.0)
+            x, t = loaded[m.key], truth[m.key]
+            out[m.key]["pulled"].append(float(step_terms(x, beta, t).sum()))
+            out[m.key]["structure"].append(float(step_terms(x, struct[m.key], t).sum()))
     return {k: {n: np.asarray(v) for n, v in row.items()} for k, row in out.items()}
 
 
@@ -311,7 +316,7 @@ def exact_predictions(learned: Learned) -> dict[str, dict[str, list[float]]]:
     learned_members = _members(learned)
     keys = [m.key for m in learned_members]
     truths = {
-        "exact": {k: _truth(learned, k)["coefficients"]["points"][0]["beta"] for k in keys},
+        "exact": {k: _point(learned, k)["beta"] for k in keys},
         "exact_structure": {k: structure_only(learned, k)[1] for k in keys},
     }
     out: dict[str, dict[str, list[float]]] = {}
@@ -345,6 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-closedloop", action="store_true")
     p.add_argument("--draws", type=int, default=20, help="idiosyncrasy redraws (table 5)")
     a = p.parse_args(list(argv or []))
+    if a.draws < 0:
+        p.error(f"--draws {a.draws}: a number of redraws is 0 (no table 5) or more")
     if a.quick:
         a.duration, a.serve_seconds = 60.0, 120.0
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
@@ -365,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for cid, row in sorted(r.loco.items(), key=lambda kv: learned.names[kv[0]]):
         x, y = learned.rows[cid]
-        floor = mape(x, y, _truth(learned, cid)["coefficients"]["points"][0]["beta"])
+        floor = mape(x, y, _point(learned, cid)["beta"])
         ratio = row["fleet"].mape / row["blis_default"].mape
         ok &= ratio <= LOCO_TARGET
         pooled = row.get("pooled_prior")
@@ -440,7 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             w = max(abs(pu["mean_ttft"]), abs(pu["mean_e2e"]))
             worst_cl = max(worst_cl, w)
             ok &= w <= CLOSED_LOOP_TARGET
-            true_a0 = _truth(learned, cid)["coefficients"]["points"][0]["alpha"][0]
+            true_a0 = _point(learned, cid)["alpha"][0]
             print(
                 f"{learned.names[cid]:<22}{ans['source']:>14}{int(pu['requests']):>9}"
                 f"{pu['mean_ttft']:>+13.3%}{pu['mean_e2e']:>+12.3%}"

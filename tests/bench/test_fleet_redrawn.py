@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from bench.fleet import shifted_members
 from coeffd.learners.fleet import MemberStats
@@ -33,3 +34,14 @@ def test_a_member_moved_to_another_truth_keeps_its_batches_and_its_noise() -> No
     np.testing.assert_allclose(np.linalg.solve(moved.beta_a, moved.beta_b), fit + new - old)
     np.testing.assert_allclose(moved.rows_y - m.rows_y, m.rows_x @ (new - old))
     assert np.abs(fit - old).max() > 1e-4  # the noise is there to be kept
+
+
+def test_a_negative_number_of_redraws_is_refused_before_any_work(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench.fleet import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--draws", "-1"])
+    assert exc.value.code == 2
+    assert "--draws -1" in capsys.readouterr().err
