@@ -37,8 +37,13 @@
    each member's statistics are moved to its redrawn truth. The batches, weights and
    observation noise stay the same (:func:`shifted_members`). Each held-out prediction is
    then scored on its loop's steps, beside its structure-only vector (its own quirk, which
-   no fleet model can know). It shows how often a fleet with this structure would meet
-   the closed-loop target, not just this draw. Information only: no target.
+   no fleet model can know), for coeffd's fleet model and for the same model without the
+   quirk discount (``undiscounted``). Per redraw, how many setups would miss the closed
+   loop: each setup's step-time error times its loop gain (table 3's latency error over
+   its step-time error, pooled over the pulled and structure-only runs; α's share of a
+   latency error inflates it where both step errors are small). It shows how often a
+   fleet with this structure would meet the closed-loop target, not just this draw.
+   Information only: no target.
 
 What was predictable: the truth file records each configuration's ``structure`` (fleet
 base × GPU × family × TP factors, then its idiosyncrasy). The *structure-only* vector
@@ -72,7 +77,13 @@ from coeffd.daemon.fleet import FleetPublisher
 from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA, TERM_NAMES
 from coeffd.learners.features.config import ServingConfig
-from coeffd.learners.fleet import FleetModel, MemberStats, member_stats
+from coeffd.learners.fleet import (
+    QUIRK,
+    FleetModel,
+    MemberStats,
+    member_stats,
+    relative_noise,
+)
 from coeffd.learners.registry import LearnerRegistry
 from coeffd.receivers.joiner import Joiner
 from coeffd.receivers.otlp.decode import Decoder
@@ -251,7 +262,8 @@ def exact_members(
     for m in members:
         th = np.asarray(truth[m.key], dtype=float)
         rows_y = None if m.rows_x is None else m.rows_x @ th
-        out.append(replace(m, beta_b=m.beta_a @ th, rows_y=rows_y))
+        # the learned noise stays the unit of its information (learners.fleet, "Quirks")
+        out.append(replace(m, beta_b=m.beta_a @ th, rows_y=rows_y, noise_var=relative_noise(m)))
     return out
 
 
@@ -279,20 +291,31 @@ def _members(learned: Learned) -> list[MemberStats]:
     ]
 
 
+#: Table 5's fleet models: coeffd's (the default quirk discount) and the same model
+#: taking every member's information at face value (``quirk=0``, as before the discount).
+REDRAWN_MODELS: dict[str, float] = {"pulled": QUIRK, "undiscounted": 0.0}
+
+
 def redrawn(
-    learned: Learned, loaded: Mapping[str, np.ndarray], draws: int, bound: float = IDIOSYNCRASY
+    learned: Learned,
+    loaded: Mapping[str, np.ndarray],
+    draws: int,
+    bound: float = IDIOSYNCRASY,
+    models: Mapping[str, float] = REDRAWN_MODELS,
 ) -> dict[str, dict[str, FloatArray]]:
     """Per held-out configuration, the error in its loop's step time (``loaded``: the
     terms of its truth run's loaded steps) of the prediction from the rest of the fleet
-    (``pulled``) and of its structure-only vector (``structure``: its own quirk, what no
-    fleet model can know), over ``draws`` redraws of every truth's idiosyncrasy (uniform
-    in ±``bound``, log scale; :func:`shifted_members`). The scenario's own draw is one
-    sample: how often would another fleet with the same structure meet the target?
-    (No ``pooled_prior`` candidate, as in :func:`exact_predictions`.)"""
+    (one per fleet model of ``models``: name → quirk) and of its structure-only vector
+    (``structure``: its own quirk, what no fleet model can know), over ``draws`` redraws
+    of every truth's idiosyncrasy (uniform in ±``bound``, log scale;
+    :func:`shifted_members`). The scenario's own draw is one sample: how often would
+    another fleet with the same structure meet the target? (No ``pooled_prior``
+    candidate, as in :func:`exact_predictions`.)"""
     members = _members(learned)
     actual = {m.key: _point(learned, m.key)["beta"] for m in members}
     struct = {m.key: np.asarray(structure_only(learned, m.key)[1]) for m in members}
-    out: dict[str, dict[str, list[float]]] = {k: {"pulled": [], "structure": []} for k in loaded}
+    names = [*models, "structure"]
+    out: dict[str, dict[str, list[float]]] = {k: {n: [] for n in names} for k in loaded}
     for d in range(draws):
         rng = np.random.default_rng(d)
         truth = {k: struct[k] * np.exp(rng.uniform(-bound, bound, len(struct[k]))) for k in struct}
@@ -300,11 +323,39 @@ def redrawn(
         for m in moved:
             if m.key not in loaded:
                 continue
-            beta = FleetModel([o for o in moved if o.key != m.key]).predict(m.description).beta
             x, t = loaded[m.key], truth[m.key]
-            out[m.key]["pulled"].append(float(step_terms(x, beta, t).sum()))
+            rest = [o for o in moved if o.key != m.key]
+            for name, quirk in models.items():
+                beta = FleetModel(rest, quirk=quirk).predict(m.description).beta
+                out[m.key][name].append(float(step_terms(x, beta, t).sum()))
             out[m.key]["structure"].append(float(step_terms(x, struct[m.key], t).sum()))
     return {k: {n: np.asarray(v) for n, v in row.items()} for k, row in out.items()}
+
+
+def loop_gain(pulled: Mapping[str, Any], structure: Mapping[str, Any]) -> float:
+    """How much a held-out setup's closed loop magnifies a step-time error: its mean
+    TTFT/E2E error (the larger) over its loaded-step error, pooled over the pulled and
+    structure-only runs of table 3 (one run alone divides by ~0 when its error is).
+
+    >>> run = lambda ttft, e2e, steps: {"mean_ttft": ttft, "mean_e2e": e2e,
+    ...                                 "step_terms": np.array([steps])}
+    >>> round(loop_gain(run(0.02, -0.03, -0.02), run(0.01, 0.005, 0.005)), 2)
+    1.6
+    """
+    lat = sum(max(abs(r["mean_ttft"]), abs(r["mean_e2e"])) for r in (pulled, structure))
+    steps = sum(abs(float(r["step_terms"].sum())) for r in (pulled, structure))
+    return lat / steps if steps > 0 else math.nan
+
+
+def closed_loop_misses(errors: FloatArray, gains: FloatArray) -> FloatArray:
+    """Per redraw, how many held-out setups would miss the closed-loop target:
+    ``errors`` (setups × redraws) of the loop's step time, each magnified by its setup's
+    :func:`loop_gain`.
+
+    >>> closed_loop_misses(np.array([[0.02, 0.04], [0.01, -0.03]]), np.array([2.0, 1.5]))
+    array([0, 1])
+    """
+    return (np.abs(errors) * gains[:, None] > CLOSED_LOOP_TARGET).sum(axis=0)
 
 
 def exact_predictions(learned: Learned) -> dict[str, dict[str, list[float]]]:
@@ -493,34 +544,44 @@ def print_redrawn(
     judged: Mapping[str, tuple[dict[str, Any], ...]],
 ) -> None:
     """Table 5 (:func:`redrawn`): per held-out configuration the rms and largest error in
-    its loop's step time over the redraws, beside this draw's; then the worst of the
-    held-out set per redraw."""
-    n = len(next(iter(draws.values()))["pulled"]) if draws else 0
+    its loop's step time over the redraws for each fleet model and its own quirk, beside
+    this draw's; then, per model, the worst of the held-out set per redraw and how many
+    setups per redraw would miss the closed-loop target at their loop gains."""
+    if not draws:
+        return
+    keys = sorted(draws, key=lambda c: learned.names[c])
+    models = list(draws[keys[0]])
+    n = len(draws[keys[0]][models[0]])
     print(
         f"\n5. The same fleet over {n} redraws of every truth's ±{IDIOSYNCRASY:.0%} "
-        "idiosyncrasy (same batches and noise): error in the loop's step time of the "
-        "prediction and of the structure-only vector (own quirk), rms and largest"
+        "idiosyncrasy (same batches and noise): error in the loop's step time of each "
+        "fleet model's prediction and of the structure-only vector (own quirk), rms / largest"
     )
-    print(
-        f"{'held out':<22}{'this draw':>11}{'rms pulled':>12}{'max pulled':>12}"
-        f"{'rms struct':>12}{'max struct':>12}"
-    )
-    for cid in sorted(draws, key=lambda c: learned.names[c]):
-        pu, st = draws[cid]["pulled"], draws[cid]["structure"]
+    print(f"{'held out':<22}{'this draw':>11}{'gain':>6}" + "".join(f"{m:>21}" for m in models))
+    gains = np.array([
+        loop_gain(judged[learned.names[c]][0], judged[learned.names[c]][1])
+        if learned.names[c] in judged else math.nan
+        for c in keys
+    ])  # fmt: skip
+    for cid, g in zip(keys, gains, strict=True):
         name = learned.names[cid]
         this = judged[name][0]["step_terms"].sum() if name in judged else math.nan
-        print(
-            f"{name:<22}{this:>+11.2%}{np.sqrt(np.mean(pu**2)):>12.2%}"
-            f"{np.max(np.abs(pu)):>12.2%}{np.sqrt(np.mean(st**2)):>12.2%}"
-            f"{np.max(np.abs(st)):>12.2%}"
+        cells = "".join(
+            f"{np.sqrt(np.mean(v**2)):>12.2%} /{np.max(np.abs(v)):>7.2%}"
+            for v in (draws[cid][m] for m in models)
         )
-    worst = np.max([np.abs(d["pulled"]) for d in draws.values()], axis=0)
-    own = np.max([np.abs(d["structure"]) for d in draws.values()], axis=0)
-    print(
-        f"worst of the held-out set per redraw: median {np.median(worst):.2%}, 90th "
-        f"percentile {np.percentile(worst, 90):.2%} (structure-only: median "
-        f"{np.median(own):.2%}, 90th percentile {np.percentile(own, 90):.2%})"
-    )
+        print(f"{name:<22}{this:>+11.2%}{g:>6.2f}{cells}")
+    print("per redraw: the worst held-out error; setups that would miss the closed loop "
+          f"(|error| × gain > {CLOSED_LOOP_TARGET:.0%})")  # fmt: skip
+    for m in models:
+        err = np.array([draws[c][m] for c in keys])
+        worst = np.max(np.abs(err), axis=0)
+        miss = closed_loop_misses(err, gains)
+        print(
+            f"  {m:<14} worst median {np.median(worst):.2%}, 90th percentile "
+            f"{np.percentile(worst, 90):.2%}; misses mean {miss.mean():.2f}, none in "
+            f"{np.mean(miss == 0):.0%} of redraws, at most one in {np.mean(miss <= 1):.0%}"
+        )
 
 
 if __name__ == "__main__":

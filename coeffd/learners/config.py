@@ -96,6 +96,10 @@ class LearnersConfig(BaseModel):
     # the weak prior still decides only what the data cannot; pinning a collinear pair's
     # weak direction to BLIS's zero default biased its partner 20 % in tests).
     identify_pin: bool = False
+    # The fleet model's trust in any one configuration (learners.fleet, "Quirks"): how far
+    # a configuration's true coefficients stray, relative to each, from the fleet's shared
+    # structure. 0: every member's information at face value.
+    fleet_quirk: float = Field(default=0.02, ge=0.0, le=0.5)
     max_configurations: int = Field(default=128, ge=1, description="LRU bound of live sets")
     max_parked: int = Field(default=1024, ge=0, description="evicted states kept in memory")
     extended: bool = Field(default=True, description="also learn the extended-feature model")

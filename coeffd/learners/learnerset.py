@@ -139,6 +139,16 @@ class LearnerSet:
             self._steady[target] = est
         return est
 
+    def published_learner(self, target: str) -> RLSRegressor | None:
+        """The learner whose estimate of ``target`` is published now: the long-memory
+        twin in steady state, else (tracking a change, or no twin) the fast tracker."""
+        fast = self.learners.get(target)
+        twin = STEADY_TWINS.get(target)
+        est = self._steady.get(target)
+        if fast is None or twin not in self.learners or est is None or est.mode != STEADY:
+            return fast
+        return self.learners[twin]
+
     def regime_terms(self) -> dict[str, FloatArray]:
         """Basis terms of the fixed per-regime batches for this configuration (cached)."""
         if self._regime_terms is None:

@@ -61,6 +61,7 @@ def _one_line(code: int, out: str, err: str, *expected: str) -> None:
         (b"[pipeline]\nshed_start = false\n", ("pipeline.shed_start=False", "a number")),
         (b"[receivers.otlp_grpc]\nenabled = 1\n", ("receivers.otlp_grpc.enabled=1", "a boolean")),
         (b"[state]\nstate_dir = 5\n", ("state.state_dir=5", "string")),
+        (b"[learners]\nfleet_quirk = -0.01\n", ("learners.fleet_quirk=-0.01", "greater than")),
         (b"[pipelne]\nqueue_capacity = 5\n", ("pipelne: unknown key",)),
         (b"x = [1,\n", ("config=",)),
     ],

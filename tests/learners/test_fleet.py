@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from coeffd.daemon.fleet import FleetPublisher
 from coeffd.daemon.publish.snapshot import validate_for_blis
 from coeffd.daemon.publish.store import SnapshotStore
+from coeffd.learners.config import LearnersConfig
 from coeffd.learners.features.config import ServingConfig
 from coeffd.learners.fleet import FLEET_ID, SOURCES, FleetModel, MemberStats, one_se_choice
 from coeffd.learners.registry import LearnerRegistry
@@ -101,9 +102,13 @@ def test_a_configuration_after_drift_counts_little(learned) -> None:
     reg, _ = learned
     fm = FleetModel.from_registry(reg)
     m = next(iter(fm.members.values()))
-    # what RLSRegressor.inflate(keep=0.01) does to its statistics on a drift alarm
+    # After a drift alarm a configuration publishes its fast tracker (memory 1/(1 − λ),
+    # ~90 steps), whose statistics RLSRegressor.inflate(keep=0.01) has just scaled down:
+    # the fleet sees the long-memory member's information scaled to that.
+    fast_n = 1.0 / (1.0 - LearnersConfig().forgetting)
+    keep = 0.01 * fast_n / m.beta_n
     drifted = MemberStats(
-        m.key, m.description, m.beta_a * 0.01, m.beta_b * 0.01 * 3, m.beta_n * 0.01
+        m.key, m.description, m.beta_a * keep, m.beta_b * keep * 3, m.beta_n * keep
     )
     others = [x for x in fm.members.values() if x.key != m.key]
     fm2 = FleetModel([drifted, *others])
@@ -111,12 +116,17 @@ def test_a_configuration_after_drift_counts_little(learned) -> None:
     # of a joint fit are collinear; predictions are what BLIS uses): it is weighted by the
     # little it has re-learned since the alarm
     without = FleetModel(others).fit_beta()
-    loud = FleetModel(
-        [MemberStats(m.key, m.description, m.beta_a, m.beta_b * 3, m.beta_n), *others]
-    )
     moved = _prediction_shift(without, fm2.fit_beta(), fm)
     assert moved < 0.05
-    assert _prediction_shift(without, loud.fit_beta(), fm) > 5 * moved  # at full weight
+    # At full weight it moves them several times as much, but no more than a quirk allows
+    # one configuration: without the quirk discount (learners.fleet, "Quirks") its ×3
+    # would move them twice as far again.
+    full = [MemberStats(m.key, m.description, m.beta_a, m.beta_b * 3, m.beta_n), *others]
+    loud = _prediction_shift(without, FleetModel(full).fit_beta(), fm)
+    plain = FleetModel(others, quirk=0.0).fit_beta()
+    face_value = _prediction_shift(plain, FleetModel(full, quirk=0.0).fit_beta(), fm)
+    assert loud > 3 * moved
+    assert face_value > 2 * loud
 
 
 def _prediction_shift(a: np.ndarray, b: np.ndarray, fm: FleetModel) -> float:
@@ -222,7 +232,7 @@ def test_no_fleet_snapshot_from_one_configuration(tmp_path) -> None:
 
 def test_vectorised_fits_equal_the_plain_sums(learned) -> None:
     reg, _ = learned
-    fm = FleetModel.from_registry(reg)
+    fm = FleetModel.from_registry(reg, quirk=0.0)  # members' information as learned
     from coeffd.learners.nnls import nnls_information
 
     keys = list(fm.members)

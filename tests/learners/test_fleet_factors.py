@@ -68,7 +68,7 @@ def member(cfg: ServingConfig, seed: int) -> tuple[MemberStats, np.ndarray]:
 def fleet() -> tuple[FleetModel, MemberStats, np.ndarray]:
     members = [member(c, i)[0] for i, c in enumerate(KNOWN)]
     held, mean = member(HELD_OUT, 99)
-    return FleetModel(members), held, mean
+    return FleetModel(members, quirk=0.0), held, mean  # the truth has no quirks
 
 
 def _error(beta: np.ndarray, m: MemberStats, mean: np.ndarray) -> float:
