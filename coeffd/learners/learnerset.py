@@ -145,7 +145,10 @@ class LearnerSet:
         fast = self.learners.get(target)
         twin = STEADY_TWINS.get(target)
         est = self._steady.get(target)
-        if fast is None or twin not in self.learners or est is None or est.mode != STEADY:
+        # restored from a checkpoint and not learned since: the checkpointed mode, as the
+        # snapshot (vector) would publish it
+        mode = est.mode if est is not None else self._steady_state.get(target, {}).get("mode")
+        if fast is None or twin not in self.learners or (mode or STEADY) != STEADY:
             return fast
         return self.learners[twin]
 

@@ -231,6 +231,26 @@ def test_checkpoint_round_trip_of_the_whole_registry() -> None:
     assert back.snapshot(cfg.id).beta == snap.beta
 
 
+def test_the_published_learner_is_the_long_memory_twin_in_steady_state_and_after_restore() -> None:
+    reg = LearnerRegistry()
+    cfg = _cfg()
+    for o in _steps(reg, cfg, 300):
+        reg.learn(cfg, o)
+    ls = reg.get(cfg.id)
+    assert ls is not None and ls.steady().mode == "steady"
+    # what the fleet model reads (learners.fleet.member_stats): the published estimate's
+    # learner, with all 300 steps' memory, not the fast tracker's ~90
+    assert ls.published_learner("beta") is ls.learners["beta_steady"]
+    assert ls.learners["beta_steady"].n_effective > 2 * ls.learners["beta"].n_effective
+    back = LearnerRegistry()
+    back.load_state(json.loads(json.dumps(reg.state_dict())))
+    restored = back.ensure(cfg)  # not learned since: its mode is the checkpoint's
+    assert "beta" not in restored._steady
+    assert restored.published_learner("beta") is restored.learners["beta_steady"]
+    ls.steady().mode = "tracking"  # a change being tracked: the fast one is published
+    assert ls.published_learner("beta") is ls.learners["beta"]
+
+
 def test_new_configuration_starts_from_pooled_prior() -> None:
     reg = LearnerRegistry(LearnersConfig(drift={"enabled": False}))  # type: ignore[arg-type]
     known = _cfg(tp=1)
