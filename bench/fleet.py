@@ -40,8 +40,9 @@
    no fleet model can know), for coeffd's fleet model and for the same model without the
    quirk discount (``undiscounted``). Per redraw, how many setups would miss the closed
    loop: each setup's step-time error times its loop gain (table 3's latency error over
-   its step-time error, pooled over the pulled and structure-only runs; α's share of a
-   latency error inflates it where both step errors are small). It shows how often a
+   its step-time error, pooled over the pulled and structure-only runs; where both step
+   errors are small the latency error is mostly α's, so the fleet's median gain is used
+   instead). It shows how often a
    fleet with this structure would meet the closed-loop target, not just this draw.
    Information only: no target.
 
@@ -332,19 +333,28 @@ def redrawn(
     return {k: {n: np.asarray(v) for n, v in row.items()} for k, row in out.items()}
 
 
+#: Pooled step-time error (pulled + structure-only runs) below which a setup's loop gain
+#: is not measured: its latency error is then mostly α's, and dividing by a step error of
+#: a few tenths of a percent gave gains of 4-11 (the fleet's median is used instead).
+MIN_GAIN_STEPS = 0.01
+
+
 def loop_gain(pulled: Mapping[str, Any], structure: Mapping[str, Any]) -> float:
     """How much a held-out setup's closed loop magnifies a step-time error: its mean
     TTFT/E2E error (the larger) over its loaded-step error, pooled over the pulled and
-    structure-only runs of table 3 (one run alone divides by ~0 when its error is).
+    structure-only runs of table 3 (one run alone divides by ~0 when its error is); NaN
+    when the pooled step error is below :data:`MIN_GAIN_STEPS`.
 
     >>> run = lambda ttft, e2e, steps: {"mean_ttft": ttft, "mean_e2e": e2e,
     ...                                 "step_terms": np.array([steps])}
     >>> round(loop_gain(run(0.02, -0.03, -0.02), run(0.01, 0.005, 0.005)), 2)
     1.6
+    >>> loop_gain(run(0.02, 0.002, 0.001), run(0.009, 0.002, 0.0015))  # mostly α: unknown
+    nan
     """
     lat = sum(max(abs(r["mean_ttft"]), abs(r["mean_e2e"])) for r in (pulled, structure))
     steps = sum(abs(float(r["step_terms"].sum())) for r in (pulled, structure))
-    return lat / steps if steps > 0 else math.nan
+    return lat / steps if steps >= MIN_GAIN_STEPS else math.nan
 
 
 def closed_loop_misses(errors: FloatArray, gains: FloatArray) -> FloatArray:
@@ -563,6 +573,7 @@ def print_redrawn(
         if learned.names[c] in judged else math.nan
         for c in keys
     ])  # fmt: skip
+    gains = np.where(np.isnan(gains), np.nanmedian(gains), gains)  # unmeasured: typical
     for cid, g in zip(keys, gains, strict=True):
         name = learned.names[cid]
         this = judged[name][0]["step_terms"].sum() if name in judged else math.nan
