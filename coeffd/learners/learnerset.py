@@ -140,17 +140,19 @@ class LearnerSet:
         return est
 
     def published_learner(self, target: str) -> RLSRegressor | None:
-        """The learner whose estimate of ``target`` is published now: the long-memory
-        twin in steady state, else (tracking a change, or no twin) the fast tracker."""
+        """The learner whose estimate of ``target`` is published now: with a long-memory
+        twin, its estimator's :attr:`SteadyEstimator.published` (the twin in steady state,
+        the fast tracker while it tracks a change; its mode restored from a checkpoint),
+        else the fast tracker. The one place the snapshot, its error bars and the fleet
+        model (``learners.fleet.member_stats``) decide it."""
         fast = self.learners.get(target)
-        twin = STEADY_TWINS.get(target)
-        est = self._steady.get(target)
-        # restored from a checkpoint and not learned since: the checkpointed mode, as the
-        # snapshot (vector) would publish it
-        mode = est.mode if est is not None else self._steady_state.get(target, {}).get("mode")
-        if fast is None or twin not in self.learners or (mode or STEADY) != STEADY:
+        if (
+            fast is None
+            or not self.settings.steady
+            or STEADY_TWINS.get(target) not in self.learners
+        ):
             return fast
-        return self.learners[twin]
+        return self.steady(target).published
 
     def regime_terms(self) -> dict[str, FloatArray]:
         """Basis terms of the fixed per-regime batches for this configuration (cached)."""
@@ -166,11 +168,9 @@ class LearnerSet:
 
     def step_time_rel_std(self, beta: Sequence[float]) -> dict[str, float]:
         """:func:`learners.evaluation.regime_std` of the published β learner (µs-free)."""
-        m = self.learners.get("beta")
+        m = self.published_learner("beta")
         if m is None or not self.regime_terms():
             return {}
-        if self.settings.steady and "beta_steady" in self.learners:
-            m = self.steady().published
         sigma = m.residual_scale
         if sigma is None:
             return {}
@@ -427,9 +427,8 @@ class LearnerSet:
         sources: dict[str, str] = {}
         twin = STEADY_TWINS.get(name)
         if name in ALPHA_TARGETS and self.settings.steady and twin in self.learners:
-            estimate = self.steady(name).mode
-            if estimate == STEADY:
-                m = self.learners[twin]
+            est = self.steady(name)
+            estimate, m = est.mode, est.published
         elif name == "beta" and self.settings.steady and twin in self.learners:
             # the published β: the long-memory learner in steady state, identified
             # directions from its data and the rest from the (pooled) prior
@@ -439,8 +438,7 @@ class LearnerSet:
             fit, share = identified_fit(slow, self.settings.identify_max_rel_std)
             a_data, _ = slow.data_information()
             sources = term_sources(m.features, share, np.diag(a_data) > 0)
-            if estimate == STEADY:
-                m = slow
+            m = est.published
         blis = (
             name in ("beta", "beta_steady")
             or name in ALPHA_TARGETS
