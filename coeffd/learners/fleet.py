@@ -82,7 +82,7 @@ each setup's own quirk alone, 2.1 %), and on the scenario's own draw every held-
 closed loop is within 5 % (worst 4.7 | 5.0 %; without the discount and with members' fast
 learners, as before, Llama-8B/A100 missed at +7.2 %). Without quirks in the truth it
 costs: each member then pins each coefficient to ±2 % at best (``test_fleet_quirks``:
-held-out error 0.36 → 1.07 % on a quirk-free synthetic fleet, 2.2 → 2.0 % with ±3 %
+held-out error 0.36 → 1.06 % on a quirk-free synthetic fleet, 2.2 → 2.0 % with ±3 %
 quirks).
 
 >>> import numpy as np

@@ -43,11 +43,14 @@ def true_beta(cfg: ServingConfig) -> np.ndarray:
     return out
 
 
-def member(cfg: ServingConfig, seed: int) -> tuple[MemberStats, np.ndarray]:
+def member(
+    cfg: ServingConfig, seed: int, beta: np.ndarray | None = None
+) -> tuple[MemberStats, np.ndarray]:
     """Statistics as a learner keeps them (relative-error weights) and the noiseless rows'
-    step times."""
+    step times, under ``beta`` (default: the configuration's :func:`true_beta`)."""
     basis = BlisBasis(MODELS[cfg.model], load_hardware(cfg.gpu), cfg.tp)
-    s = synth_steps(basis, true_beta(cfg), ROWS, sigma=SIGMA, stall_rate=0.0, seed=seed)
+    beta = true_beta(cfg) if beta is None else beta
+    s = synth_steps(basis, beta, ROWS, sigma=SIGMA, stall_rate=0.0, seed=seed)
     w = 1.0 / s.y**2
     m = MemberStats(
         key=cfg.id,

@@ -7,24 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coeffd.learners.features import MODELS, BlisBasis, load_hardware
-from coeffd.learners.features.config import ServingConfig
-from coeffd.learners.fleet import QUIRK, FleetModel, MemberStats
-from coeffd.learners.synthetic import synth_steps
-from tests.learners.test_fleet_factors import HELD_OUT, KNOWN, ROWS, SIGMA, true_beta
+from coeffd.learners.fleet import QUIRK, FleetModel
+from tests.learners.test_fleet_factors import HELD_OUT, KNOWN, member, true_beta
 
 CONFIGS = [*KNOWN, HELD_OUT]
 DRAWS = 6
-
-
-def _member(cfg: ServingConfig, beta: np.ndarray, seed: int) -> tuple[MemberStats, np.ndarray]:
-    """A learner's statistics of ``ROWS`` noisy steps under ``beta``, and those steps' terms."""
-    basis = BlisBasis(MODELS[cfg.model], load_hardware(cfg.gpu), cfg.tp)
-    s = synth_steps(basis, beta, ROWS, sigma=SIGMA, stall_rate=0.0, seed=seed)
-    w = 1.0 / s.y**2
-    m = MemberStats(cfg.id, cfg.to_dict(), (s.x * w[:, None]).T @ s.x, s.x.T @ (w * s.y),
-                    float(ROWS), rows_x=s.x, rows_y=s.y)  # fmt: skip
-    return m, s.x
 
 
 def held_out_errors(bound: float, quirk: float) -> np.ndarray:
@@ -36,11 +23,14 @@ def held_out_errors(bound: float, quirk: float) -> np.ndarray:
         rng = np.random.default_rng(100 + d)
         truths = [true_beta(c) * np.exp(rng.uniform(-bound, bound, 11)) for c in CONFIGS]
         stats = [
-            _member(c, t, 10 * d + i) for i, (c, t) in enumerate(zip(CONFIGS, truths, strict=True))
+            member(c, 10 * d + i, t)[0]
+            for i, (c, t) in enumerate(zip(CONFIGS, truths, strict=True))
         ]
-        for k, (m, x) in enumerate(stats):
-            rest = [o for j, (o, _) in enumerate(stats) if j != k]
+        for k, m in enumerate(stats):
+            rest = [o for j, o in enumerate(stats) if j != k]
             beta = np.array(FleetModel(rest, quirk=quirk).predict(m.description).beta)
+            x = m.rows_x
+            assert x is not None
             out[d, k] = (x @ beta).sum() / (x @ truths[k]).sum() - 1.0
     return out
 
@@ -73,7 +63,7 @@ def test_the_discount_costs_little_on_a_fleet_without_quirks() -> None:
 
 
 def test_the_discount_only_removes_information() -> None:
-    stats = [_member(c, true_beta(c), i)[0] for i, c in enumerate(KNOWN)]
+    stats = [member(c, i)[0] for i, c in enumerate(KNOWN)]
     plain, discounted = FleetModel(stats, quirk=0.0), FleetModel(stats)
     # A − A(A + P)⁻¹A ⪯ A for every member, and strictly less in total
     for a_plain, a_disc in zip(plain._wa, discounted._wa, strict=True):

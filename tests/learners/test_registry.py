@@ -97,6 +97,15 @@ def _steps(
     return out
 
 
+def _learned(n: int) -> tuple[LearnerRegistry, ServingConfig]:
+    """A default registry that has learned ``n`` steps of one configuration."""
+    reg = LearnerRegistry()
+    cfg = _cfg()
+    for o in _steps(reg, cfg, n):
+        reg.learn(cfg, o)
+    return reg, cfg
+
+
 def test_steps_learn_and_snapshot_is_publishable() -> None:
     reg = LearnerRegistry(LearnersConfig(drift={"enabled": False}))  # type: ignore[arg-type]
     cfg = _cfg()
@@ -220,10 +229,7 @@ def test_lru_eviction_and_exact_restore() -> None:
 
 
 def test_checkpoint_round_trip_of_the_whole_registry() -> None:
-    reg = LearnerRegistry()
-    cfg = _cfg()
-    for o in _steps(reg, cfg, 50):
-        reg.learn(cfg, o)
+    reg, cfg = _learned(50)
     snap = reg.snapshot(cfg.id)
     state = json.loads(json.dumps(reg.state_dict()))
     back = LearnerRegistry()
@@ -232,10 +238,7 @@ def test_checkpoint_round_trip_of_the_whole_registry() -> None:
 
 
 def test_the_published_learner_is_the_long_memory_twin_in_steady_state_and_after_restore() -> None:
-    reg = LearnerRegistry()
-    cfg = _cfg()
-    for o in _steps(reg, cfg, 300):
-        reg.learn(cfg, o)
+    reg, cfg = _learned(300)
     ls = reg.get(cfg.id)
     assert ls is not None and ls.steady().mode == "steady"
     # what the fleet model reads (learners.fleet.member_stats): the published estimate's
