@@ -454,8 +454,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print("2. coeffd pull --model/--hardware/--tp for each configuration left out of the fleet")
     print(
-        f"{'held out':<22}{'source':>14}{'stated':>9}{'actual':>9}{'act/stated':>12}"
-        f"{'defaults':>10}{'bias':>9}{'struct bias':>13}"
+        f"{'held out':<22}{'source':>14}{'stated':>9}{'bias sd':>9}{'actual':>9}"
+        f"{'act/stated':>12}{'defaults':>10}{'bias':>9}{'struct bias':>13}"
     )
     answers: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -479,7 +479,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         worst_stated = max(worst_stated, ratio)
         ok &= ratio <= STATED_TARGET
         print(
-            f"{learned.names[cid]:<22}{ans['source']:>14}{stated:>9.4f}{actual:>9.4f}"
+            f"{learned.names[cid]:<22}{ans['source']:>14}{stated:>9.4f}"
+            f"{ans.get('error_parts', {}).get('bias_sd', math.nan):>9.4f}{actual:>9.4f}"
             f"{ratio:>12.3f}{mape(x, y, BLIS_DEFAULT_BETA):>10.4f}"
             f"{bias(x, y, ans['beta']):>+9.4f}{bias(x, y, structure_only(learned, cid)[1]):>+13.4f}"
             f"{'' if ratio <= STATED_TARGET else '  MISSED'}"

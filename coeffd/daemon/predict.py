@@ -8,8 +8,12 @@ The answer is the configuration's own published coefficients when coeffd has lea
 (``source: configuration``), else the fleet model's best prediction for it
 (``fleet``, ``fleet_local``, ``fleet_factors`` or ``pooled_prior``, chosen by
 leave-one-configuration-out error; :mod:`learners.fleet`), else BLIS's shipped vector (``blis_default``). Every
-answer states its ``expected_error`` (step-time MAPE): the configuration's own
-prequential error, or the LOCO error of the known configurations most like it.
+answer states its ``expected_error`` (step-time MAPE) and how it was reckoned
+(``error_basis``): the configuration's own prequential error; for the factor model, the
+step noise of the known configurations most like it and the prediction's own
+uncertainty, at one standard deviation (``error_parts``: ``noise_error``, ``bias_sd``);
+for the other sources, the LOCO errors of the known configurations most like it, mean
+plus one standard deviation.
 
 The query is untrusted: values are names, never paths — nothing here opens a file or
 resolves a model; a value is at most :data:`MAX_VALUE` printable characters and keys
@@ -32,7 +36,7 @@ from coeffd.daemon.publish.snapshot import ConfigurationRef, Snapshot, validate_
 from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA
 from coeffd.learners.features.config import ATTRIBUTE_PREFIX, ServingConfig, ServingConfigError
-from coeffd.learners.fleet import FLEET_ID, Prediction
+from coeffd.learners.fleet import ERROR_BASES, FLEET_ID, Prediction
 
 __all__ = [
     "MAX_VALUE",
@@ -137,8 +141,12 @@ def predict(
         "alpha": list(p.alpha),
         "beta": list(p.beta),
         "expected_error": p.expected_error,
-        "error_basis": "leave-one-configuration-out step-time MAPE of this source on the "
-        "known configurations most like this one",
+        "error_basis": ERROR_BASES.get(p.error_basis, p.error_basis),
+        **(
+            {"error_parts": {k: p.detail[k] for k in ("noise_error", "bias_sd")}}
+            if "bias_sd" in p.detail
+            else {}
+        ),
         "similar": list(p.similar),
         "version": fleet.version if fleet is not None else None,
         "wall_ns": time.time_ns(),

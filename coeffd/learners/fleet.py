@@ -131,6 +131,7 @@ if TYPE_CHECKING:
     from coeffd.learners.registry import LearnerRegistry
 
 __all__ = [
+    "ERROR_BASES",
     "FLEET_ID",
     "FLEET_SIMILARITY_WEIGHTS",
     "PREFERRED_SOURCE",
@@ -144,6 +145,7 @@ __all__ = [
     "member_stats",
     "one_se_choice",
     "relative_noise",
+    "row_noise",
 ]
 
 FloatArray = npt.NDArray[np.float64]
@@ -169,6 +171,14 @@ QUIRK = 0.02
 #: Relative noise variance below which a member's rows count as noise-free (0.01 %
 #: standard deviation; a real engine's step times vary by percents).
 NOISELESS = 1e-8
+#: How a prediction's expected error is reckoned, by key of :data:`ERROR_BASES`.
+ERROR_BASES: dict[str, str] = {
+    "model": "step noise of the known configurations most like this one and the "
+    "prediction's own uncertainty (factor fit covariance and this configuration's quirk), "
+    "as step-time MAPE at one standard deviation",
+    "relatives": "leave-one-configuration-out step-time MAPE of this source on the known "
+    "configurations most like this one: mean plus one standard deviation",
+}
 #: Largest fleet in which the ``pooled_prior`` candidate is scored (see ``result``).
 POOLED_MAX_MEMBERS = 32
 #: Candidates for an unseen configuration, scored by LOCO, plus the reference.
@@ -282,6 +292,8 @@ class Prediction:
     expected_error: float | None
     similar: tuple[str, ...] = ()
     detail: dict[str, Any] = field(default_factory=dict)
+    #: how ``expected_error`` was reckoned (:data:`ERROR_BASES`)
+    error_basis: str = ""
 
 
 def one_se_choice(
@@ -401,6 +413,9 @@ class FleetModel:
             if n
             else np.zeros((0, len(d)))
         )
+        self.quirk = quirk
+        #: each member's (variance, mean absolute value) of relative step noise
+        self._noise = {k: row_noise(m) for k, m in self.members.items()}
         if quirk > 0 and n:
             self._wa, self._wb = discount_quirks(
                 self._wa,
@@ -409,6 +424,7 @@ class FleetModel:
                 quirk,
                 prior=(self._a0, self._b0),
                 floor=floor,
+                noise=[v for v, _ in self._noise.values()],
             )
         self._descs = [m.description for m in self.members.values()]
         self._desc_row = {id(dsc): i for i, dsc in enumerate(self._descs)}
@@ -634,11 +650,7 @@ class FleetModel:
             return Prediction(tuple(self._alpha0.tolist()), tuple(beta.tolist()), src, None)
         kern = self.kernel(description, exclude=key)
         # The source whose LOCO errors on the target's relatives (kernel weights) are
-        # lowest, or the factor model within one standard error of it (module docs); its
-        # expected error: their mean plus one standard deviation — an unseen
-        # configuration's own noise and idiosyncrasy are unknown, and the spread of its
-        # relatives' errors is the honest measure of that (bench fleet: actual/stated
-        # over held-out configurations).
+        # lowest, or the factor model within one standard error of it (module docs).
         stats = {
             s: found
             for s in r.summary
@@ -649,9 +661,18 @@ class FleetModel:
             src, best = self._choose(kern, tuple(stats))
         else:
             src = source or r.best_source
-        found = stats.get(src) or self._relatives_error(src, kern)
-        expected = found[0] + found[1] if found else None
         beta = self.candidate_beta(src, description, exclude=key)
+        detail: dict[str, Any] = {"loco_mean": r.summary.get(src), "members": len(self.members)}
+        parts = (
+            self._factor_error(description, beta, kern, key) if src == PREFERRED_SOURCE else None
+        )
+        expected: float | None
+        if parts is not None:
+            basis, expected = "model", math.hypot(*parts)
+            detail |= {"noise_error": parts[0], "bias_sd": parts[1]}
+        else:
+            found = stats.get(src) or self._relatives_error(src, kern)
+            basis, expected = "relatives", (found[0] + found[1] if found else None)
         if src == "fleet_factors":
             alpha = self.factors().alpha(description, key)
         else:
@@ -663,9 +684,58 @@ class FleetModel:
             src,
             expected,
             tuple(ranked),
-            {"loco_mean": r.summary.get(src), "members": len(self.members)}
-            | ({"loco_best": best} if best is not None else {}),
+            detail | ({"loco_best": best} if best is not None else {}),
+            basis,
         )
+
+    def _factor_error(
+        self,
+        description: Mapping[str, Any],
+        beta: FloatArray,
+        kern: Mapping[str, float],
+        exclude: str | None,
+    ) -> tuple[float, float] | None:
+        """``(noise, bias_sd)`` of the ``fleet_factors`` prediction ``beta``: the
+        relatives' mean absolute step noise, and the standard deviation of the relative
+        step-time bias of ``beta`` on the relatives' steps (kernel-weighted; None if none
+        has rows). The bias covariance is the factor fit's (:meth:`FactorFit.covariance`,
+        in the members' median noise variance) plus the configuration's own quirk
+        ``(quirk·β)²`` per term, which no fleet model can know.
+
+        Why not the spread of the relatives' LOCO errors: each is a MAPE over noisy rows,
+        ~2 % of noise around a bias of 0-4 %, so their spread says little about how far
+        one prediction may be off; and relatives are relatives by GPU, not by how well
+        the fit pins the target's levels. The only other Mixtral of ``bench fleet`` ran on
+        A100 at TP 4, so Mixtral on H100 rests on one member's family offset: the fit's
+        covariance says so (bias sd 2.5-2.7 %, the largest), the relatives' spread gave it
+        the lowest stated error of the twelve (actual/stated 1.56-1.68).
+        """
+        fac = self.factors()
+        row = fac._row.get(exclude) if exclude is not None else None
+        cov = fac.beta_fit.covariance(description, fac.strengths["beta"], without=row)
+        others = [k for k in self.members if k != exclude]
+        measured = [
+            self._noise[k][0]
+            for k in others
+            if self.members[k].rows_y is not None or self.members[k].noise_var is not None
+        ]
+        unit = statistics.median(measured) if measured else 0.0
+        q = unit * cov + np.diag((self.quirk * beta) ** 2)
+        w_sum = var = noise = 0.0
+        for k in others:
+            m, w = self.members[k], kern.get(k, 0.0)
+            if m.rows_x is None or w <= 0:
+                continue
+            t = m.rows_x @ beta
+            z = m.rows_x[t > 0] / t[t > 0, None]  # relative sensitivity of each row's time
+            if not len(z):
+                continue
+            var += w * float(np.mean(np.einsum("ni,ij,nj->n", z, q, z)))
+            noise += w * self._noise[k][1]
+            w_sum += w
+        if w_sum <= 0:
+            return None
+        return noise / w_sum, math.sqrt(max(var, 0.0) / w_sum)
 
     def _choose(self, kern: Mapping[str, float], sources: Sequence[str]) -> tuple[str, str]:
         """``(chosen, best)`` among ``sources`` by :func:`one_se_choice` over the target's
@@ -708,17 +778,34 @@ def relative_noise(m: MemberStats) -> float:
     ...                                  rows_y=np.array([0.9, 1.0, 1.1]))), 4)
     0.01
     """
+    return row_noise(m)[0]
+
+
+def row_noise(m: MemberStats) -> tuple[float, float]:
+    """``(variance, mean absolute value)`` of the member's relative step noise: its
+    ``noise_var`` (and the mean absolute value of a Gaussian of that variance), or else of
+    its recent rows' residuals around their own least-squares fit, each corrected for the
+    degrees of freedom the fit used; ``(0, 0)`` without enough rows.
+
+    >>> x = np.array([[1.0], [1.0], [1.0]])
+    >>> v, a = row_noise(MemberStats("c", {}, x.T @ x, x[0], 3.0, rows_x=x,
+    ...                              rows_y=np.array([0.9, 1.0, 1.1])))
+    >>> round(v, 4), round(a, 4)
+    (0.01, 0.0868)
+    """
     if m.noise_var is not None:
-        return m.noise_var
+        return m.noise_var, math.sqrt(2 / math.pi * max(m.noise_var, 0.0))
     if m.rows_x is None or m.rows_y is None:
-        return 0.0
+        return 0.0, 0.0
     x, y = np.asarray(m.rows_x, dtype=float), np.asarray(m.rows_y, dtype=float)
     if len(y) <= x.shape[1] or not np.all(y > 0):
-        return 0.0
+        return 0.0, 0.0
     z = x / y[:, None]  # relative units: a row says z·θ = 1
     theta, *_ = np.linalg.lstsq(z, np.ones(len(y)), rcond=None)
-    v = float(np.sum((z @ theta - 1.0) ** 2) / (len(y) - np.linalg.matrix_rank(z)))
-    return v if math.isfinite(v) else 0.0
+    r = z @ theta - 1.0
+    dof = len(y) / (len(y) - np.linalg.matrix_rank(z))
+    v, a = float(np.mean(r**2) * dof), float(np.mean(np.abs(r)) * math.sqrt(dof))
+    return (v, a) if math.isfinite(v) and math.isfinite(a) else (0.0, 0.0)
 
 
 def discount_quirks(
@@ -729,6 +816,7 @@ def discount_quirks(
     *,
     prior: tuple[FloatArray, FloatArray],
     floor: float = 1.0,
+    noise: Sequence[float] | None = None,
 ) -> tuple[FloatArray, FloatArray]:
     """Each member's information ``(a[k], b[k])`` with its own quirk marginalised out.
 
@@ -740,7 +828,8 @@ def discount_quirks(
     one configuration say about a direction saturates at what its quirk allows, so one
     member's quirk is not read as the fleet's. A member without rows is taken to be as
     noisy as the fleet's median member; one whose rows have no noise (below
-    :data:`NOISELESS`: synthetic) keeps its information as it is.
+    :data:`NOISELESS`: synthetic) keeps its information as it is. ``noise``: each member's
+    :func:`relative_noise`, if the caller has it already.
 
     >>> import numpy as np
     >>> a = np.array([[[1e4]], [[1.0]]]); b = a[:, :, 0] * 2.0   # both say θ = 2
@@ -761,7 +850,7 @@ def discount_quirks(
         return a, b
     scale = np.where(np.isfinite(scale) & (scale > 0), scale, floor)
     out_a, out_b = a.copy(), b.copy()
-    noise = [relative_noise(m) for m in members]
+    noise = [relative_noise(m) for m in members] if noise is None else list(noise)
     known = [v for v in noise if v >= NOISELESS]
     typical = statistics.median(known) if known else 0.0
     for k, m in enumerate(members):

@@ -221,8 +221,8 @@ class FactorFit:
             out[k] = v + q @ np.linalg.solve(eye - ak @ q, ak @ v)
         return out
 
-    def without(self, k: int, strength: float) -> FloatArray:
-        """``φ`` refitted without member ``k`` (a direct solve; for other targets)."""
+    def _system_without(self, k: int, strength: float) -> tuple[FloatArray, FloatArray]:
+        """``G`` and ``h`` with member ``k``'s statistics taken out."""
         g = self._system(strength)[0].copy()
         rhs = self._rhs.copy()
         d = self.d
@@ -230,5 +230,39 @@ class FactorFit:
             rhs[i * d : (i + 1) * d] -= self._b[k]
             for j in self._blocks[k]:
                 g[i * d : (i + 1) * d, j * d : (j + 1) * d] -= self._a[k]
+        return g, rhs
+
+    def without(self, k: int, strength: float) -> FloatArray:
+        """``φ`` refitted without member ``k`` (a direct solve; for other targets)."""
+        g, rhs = self._system_without(k, strength)
         phi = np.linalg.solve(g, rhs).astype(np.float64, copy=False)
         return phi
+
+    def covariance(
+        self, description: Mapping[str, Any], strength: float, without: int | None = None
+    ) -> FloatArray:
+        """``d×d`` covariance, per unit of noise variance, of :meth:`predict`'s vector for
+        ``description``: the blocks of ``H = G⁻¹`` of the shared vector and of the
+        description's known levels, summed (``without``: member ``k`` left out). A level
+        seen in one member only is as uncertain as the ridge lets it be; one nobody has
+        seen adds nothing (its offset is 0 by construction, its doubt is the caller's).
+
+        >>> fit = FactorFit(np.eye(1)[None].repeat(2, 0), np.ones((2, 1)),
+        ...                 [{"gpu": "H100"}, {"gpu": "A100"}], prior_a=np.eye(1),
+        ...                 prior_b=np.ones(1), scale=np.ones(1), n_ref=1.0)
+        >>> seen = float(fit.covariance({"gpu": "H100"}, 1.0)[0, 0])
+        >>> shared = float(fit.covariance({"gpu": "B200"}, 1.0)[0, 0])
+        >>> 0 < shared < seen, float(fit.covariance({"gpu": "H100"}, 1.0, without=0)[0, 0]) > seen
+        (True, True)
+        """
+        if without is None:
+            h = self._system(strength)[1]
+        else:
+            h = np.linalg.inv(self._system_without(without, strength)[0]).astype(np.float64)
+        d = self.d
+        blocks = [0, *(self.levels[lv] for lv in levels_of(description) if lv in self.levels)]
+        out = np.zeros((d, d))
+        for i in blocks:
+            for j in blocks:
+                out += h[i * d : (i + 1) * d, j * d : (j + 1) * d]
+        return out

@@ -7,18 +7,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coeffd.learners.fleet import QUIRK, FleetModel
+from coeffd.learners.fleet import QUIRK, FleetModel, MemberStats, Prediction
 from tests.learners.test_fleet_factors import HELD_OUT, KNOWN, member, true_beta
 
 CONFIGS = [*KNOWN, HELD_OUT]
 DRAWS = 6
 
 
-def held_out_errors(bound: float, quirk: float) -> np.ndarray:
-    """``(DRAWS, configurations)``: each configuration's relative error in the total time
-    of its own steps when predicted by the rest of a fleet whose every true coefficient
-    carries a quirk uniform in ±``bound`` (log scale)."""
-    out = np.empty((DRAWS, len(CONFIGS)))
+def held_out(
+    bound: float, quirk: float = QUIRK
+) -> list[tuple[MemberStats, np.ndarray, Prediction]]:
+    """``DRAWS`` fleets whose every true coefficient carries a quirk uniform in ±``bound``
+    (log scale), each configuration of each predicted by the rest: (its statistics, its
+    true β, the prediction), draw by draw."""
+    out = []
     for d in range(DRAWS):
         rng = np.random.default_rng(100 + d)
         truths = [true_beta(c) * np.exp(rng.uniform(-bound, bound, 11)) for c in CONFIGS]
@@ -28,11 +30,19 @@ def held_out_errors(bound: float, quirk: float) -> np.ndarray:
         ]
         for k, m in enumerate(stats):
             rest = [o for j, o in enumerate(stats) if j != k]
-            beta = np.array(FleetModel(rest, quirk=quirk).predict(m.description).beta)
-            x = m.rows_x
-            assert x is not None
-            out[d, k] = (x @ beta).sum() / (x @ truths[k]).sum() - 1.0
+            out.append((m, truths[k], FleetModel(rest, quirk=quirk).predict(m.description)))
     return out
+
+
+def held_out_errors(bound: float, quirk: float) -> np.ndarray:
+    """``(DRAWS, configurations)``: each configuration's relative error in the total time
+    of its own steps when predicted by the rest (:func:`held_out`)."""
+    errors = []
+    for m, truth, p in held_out(bound, quirk):
+        x = m.rows_x
+        assert x is not None
+        errors.append((x @ np.array(p.beta)).sum() / (x @ truth).sum() - 1.0)
+    return np.array(errors).reshape(DRAWS, len(CONFIGS))
 
 
 @pytest.fixture(scope="module")

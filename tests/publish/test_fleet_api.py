@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shlex
 import shutil
 import urllib.error
@@ -29,7 +30,7 @@ from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.learners.features import BLIS_DEFAULT_BETA, MODELS, BlisBasis, load_hardware
 from coeffd.learners.features.catalog import model_config
 from coeffd.learners.features.config import ServingConfig
-from coeffd.learners.fleet import FLEET_ID, FleetModel, LocoError, MemberStats
+from coeffd.learners.fleet import ERROR_BASES, FLEET_ID, FleetModel, LocoError, MemberStats
 from coeffd.learners.registry import LearnerRegistry
 from coeffd.learners.synthetic import synth_steps
 
@@ -119,9 +120,13 @@ def test_predict_unseen_configuration_from_the_fleet(fleet_server) -> None:
     assert status == 200
     answer = orjson.loads(body)
     assert answer["configuration"]["id"] == UNSEEN.id
-    assert answer["source"] == model.predict(UNSEEN.to_dict()).source
+    p = model.predict(UNSEEN.to_dict())
+    assert answer["source"] == p.source
     validate_for_blis(answer["alpha"], answer["beta"])
     assert isinstance(answer["expected_error"], float) and answer["expected_error"] < 0.05
+    assert answer["error_basis"] == ERROR_BASES[p.error_basis]
+    # only the factor model says how much of its error is noise and how much doubt
+    assert ("error_parts" in answer) == (p.error_basis == "model")
     assert answer["version"] == 1 and set(answer["similar"]) <= {c.id for c in KNOWN}
     # the same vectors in the BLIS formats
     _, flags = _predict(url, model=UNSEEN.model, gpu=UNSEEN.gpu, tp="4", format="flags")
