@@ -713,8 +713,9 @@ class FleetModel:
         relatives' mean absolute step noise, and the standard deviation of the relative
         step-time bias of ``beta`` on the relatives' steps (kernel-weighted; None if none
         has rows). The bias covariance is the factor fit's (:meth:`FactorFit.covariance`,
-        in the members' median noise variance) plus the configuration's own quirk
-        ``(quirk·β)²`` per term, which no fleet model can know.
+        in the members' median noise variance) plus what no fleet model can know: the
+        configuration's own quirk ``(quirk·β)²`` per term, and the offsets of any GPU,
+        family or TP degree nobody has run (:meth:`FactorFit.unseen_variance`).
 
         Why not the spread of the relatives' LOCO errors: each is a MAPE over noisy rows,
         ~2 % of noise around a bias of 0-4 %, so their spread says little about how far
@@ -726,7 +727,9 @@ class FleetModel:
         """
         fac = self.factors()
         row = fac._row.get(exclude) if exclude is not None else None
-        cov = fac.beta_fit.covariance(description, fac.strengths["beta"], without=row)
+        fit, lam = fac.beta_fit, fac.strengths["beta"]
+        cov = fit.covariance(description, lam, without=row)
+        own = (self.quirk * beta) ** 2 + fit.unseen_variance(description, lam, without=row)
         others = [k for k in self.members if k != exclude]
         measured = [
             self._noise[k][0]
@@ -734,7 +737,7 @@ class FleetModel:
             if self.members[k].rows_y is not None or self.members[k].noise_var is not None
         ]
         unit = statistics.median(measured) if measured else 0.0
-        q = unit * cov + np.diag((self.quirk * beta) ** 2)
+        q = unit * cov + np.diag(own)
         w_sum = var = noise = 0.0
         for k in others:
             m, w = self.members[k], kern.get(k, 0.0)

@@ -238,6 +238,36 @@ class FactorFit:
         phi = np.linalg.solve(g, rhs).astype(np.float64, copy=False)
         return phi
 
+    def unseen_variance(
+        self, description: Mapping[str, Any], strength: float, without: int | None = None
+    ) -> FloatArray:
+        """Per term, the variance of the offsets the description's *unseen* levels may
+        have: for each kind (``gpu``, ``family``, ``tp``) whose level no member ran, the
+        spread of the fitted offsets of that kind's known levels (sample variance, × (1 +
+        1/L) for a new draw beside L known; 0 with fewer than two). A GPU or a model
+        family nobody has deployed is as far from the fleet as the known ones are from
+        each other — which no fit of the fleet can narrow.
+
+        >>> fit = FactorFit(np.eye(1)[None].repeat(2, 0), np.array([[1.0], [3.0]]),
+        ...                 [{"gpu": "H100"}, {"gpu": "A100"}], prior_a=np.eye(1),
+        ...                 prior_b=np.ones(1), scale=np.ones(1), n_ref=1.0)
+        >>> float(fit.unseen_variance({"gpu": "H100"}, 0.01)[0])  # every level known
+        0.0
+        >>> round(float(fit.unseen_variance({"gpu": "B200"}, 0.01)[0]), 2)  # offsets ≈ ∓1: 2 × 1.5
+        2.94
+        """
+        phi = self.solve(strength) if without is None else self.without(without, strength)
+        d = self.d
+        out = np.zeros(d)
+        for lv in levels_of(description):
+            if lv in self.levels:
+                continue
+            kind = lv.split("=", 1)[0] + "="
+            known = [phi[i * d : (i + 1) * d] for n, i in self.levels.items() if n.startswith(kind)]
+            if len(known) >= 2:
+                out += np.var(np.array(known), axis=0, ddof=1) * (1.0 + 1.0 / len(known))
+        return out
+
     def covariance(
         self, description: Mapping[str, Any], strength: float, without: int | None = None
     ) -> FloatArray:

@@ -84,3 +84,16 @@ def test_a_level_one_member_pins_states_a_larger_error() -> None:
     assert thin.detail["bias_sd"] > 1.1 * pinned.detail["bias_sd"]
     assert thin.expected_error is not None and pinned.expected_error is not None
     assert thin.expected_error > pinned.expected_error
+
+
+def test_a_gpu_nobody_ran_states_the_spread_of_the_known_ones() -> None:
+    fm = FleetModel([member(c, i)[0] for i, c in enumerate(KNOWN)])
+    seen = ServingConfig(model="qwen2.5-7b-instruct", gpu="A100-80", tp=2).to_dict()
+    known, unseen = fm.predict(seen), fm.predict({**seen, "gpu": "B200"})
+    # the fleet's GPUs differ by 15 % on four terms (test_fleet_factors.GPU): a new one may
+    # differ as much, which the noise and the fit's covariance alone would not say
+    assert unseen.error_basis == known.error_basis == "model"
+    assert unseen.detail["bias_sd"] > 2 * known.detail["bias_sd"]
+    fit, lam = fm.factors().beta_fit, fm.factors().strengths["beta"]
+    assert not fit.unseen_variance(seen, lam).any()
+    assert fit.unseen_variance({**seen, "gpu": "B200"}, lam).any()
