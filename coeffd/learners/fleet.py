@@ -87,17 +87,19 @@ quirks).
 Expected error. A prediction states the step-time MAPE a user should expect of it, at one
 standard deviation of what is not known. For ``fleet_factors`` that is modelled
 (:meth:`FleetModel._factor_error`): the step noise of the target's relatives (the part no
-coefficient removes) and the standard deviation of the prediction's own bias, from the
-factor fit's covariance for the target's levels plus the target's quirk, on the
-relatives' steps; ``√(noise² + bias_sd²)``. A level one member pins (the only Mixtral of
-``bench fleet`` runs on A100) is then as doubtful as it is. For the other candidates, the
-relatives' LOCO errors of the chosen candidate: their mean plus one standard deviation —
-which the factor model used as well until 2026-11-28, and which ranks the hard setups
-wrong: each LOCO error is a MAPE over noisy rows, ~2 % noise around a 0-4 % bias, so the
-spread says little about one target's bias (``bench fleet``, seeds 1 | 2: worst
-actual/stated of 12 held-out setups 1.56 | 1.68 that way; modelled, 1.40 | 1.46 in the
-scratch screen, over 30 redraws of the truth's quirks above 1.5 in 50 % of them against
-70 %; the mean actual/stated 0.91 against 0.88).
+coefficient removes) and the standard deviation of the prediction's own bias — the factor
+fit's covariance for the target's levels, the target's own quirk, and the spread of the
+known GPUs, families or TP degrees where the target's is new — on the relatives' steps;
+``√(noise² + bias_sd²)``. For the other candidates, the relatives' LOCO errors of the
+chosen candidate: their mean plus one standard deviation. The factor model used that too
+until 2026-11-28; but each LOCO error is a MAPE over noisy rows, ~2 % of noise around a
+0-4 % bias, so their spread is mostly noise, and it did not count the target's own quirk
+at all. ``bench fleet`` (seeds 1 | 2, table 2): stated 2.6-3.5 % that way, and the setup
+with the largest error, Mixtral/H100/TP2 (−3.9 | −4.2 % bias), got the lowest statement:
+worst actual/stated 1.56 | 1.68, the ratios' standard deviation 0.29. Modelled, the
+statements are 2.9-3.4 % (noise ~2 % ⊕ bias sd 2.0-2.7 %, mostly the own quirk: members
+with thousands of steps pin the shared and level vectors well), worst 1.40 | 1.45, the
+ratios' standard deviation 0.20, their mean unchanged (0.89 | 0.90 against 0.89 | 0.89).
 
 >>> import numpy as np
 >>> from coeffd.learners.features import BLIS_DEFAULT_BETA
@@ -188,8 +190,9 @@ NOISELESS = 1e-8
 #: How a prediction's expected error is reckoned, by key of :data:`ERROR_BASES`.
 ERROR_BASES: dict[str, str] = {
     "model": "step noise of the known configurations most like this one and the "
-    "prediction's own uncertainty (factor fit covariance and this configuration's quirk), "
-    "as step-time MAPE at one standard deviation",
+    "prediction's own uncertainty (factor fit covariance, this configuration's quirk, the "
+    "spread of known levels where its GPU, family or TP degree is new), as step-time MAPE "
+    "at one standard deviation",
     "relatives": "leave-one-configuration-out step-time MAPE of this source on the known "
     "configurations most like this one: mean plus one standard deviation",
 }
@@ -719,11 +722,7 @@ class FleetModel:
 
         Why not the spread of the relatives' LOCO errors: each is a MAPE over noisy rows,
         ~2 % of noise around a bias of 0-4 %, so their spread says little about how far
-        one prediction may be off; and relatives are relatives by GPU, not by how well
-        the fit pins the target's levels. The only other Mixtral of ``bench fleet`` ran on
-        A100 at TP 4, so Mixtral on H100 rests on one member's family offset: the fit's
-        covariance says so (bias sd 2.5-2.7 %, the largest), the relatives' spread gave it
-        the lowest stated error of the twelve (actual/stated 1.56-1.68).
+        one prediction may be off (module docs, "Expected error").
         """
         fac = self.factors()
         row = fac._row.get(exclude) if exclude is not None else None

@@ -275,7 +275,8 @@ class FactorFit:
         ``description``: the blocks of ``H = G⁻¹`` of the shared vector and of the
         description's known levels, summed (``without``: member ``k`` left out). A level
         seen in one member only is as uncertain as the ridge lets it be; one nobody has
-        seen adds nothing (its offset is 0 by construction, its doubt is the caller's).
+        seen adds nothing here (its offset is 0 by construction; its doubt:
+        :meth:`unseen_variance`).
 
         >>> fit = FactorFit(np.eye(1)[None].repeat(2, 0), np.ones((2, 1)),
         ...                 [{"gpu": "H100"}, {"gpu": "A100"}], prior_a=np.eye(1),
