@@ -91,10 +91,10 @@ coefficient removes) and the standard deviation of the prediction's own bias —
 fit's covariance for the target's levels, the target's own quirk, and the spread of the
 known GPUs, families or TP degrees where the target's is new — on the relatives' steps;
 ``√(noise² + bias_sd²)``. For the other candidates, the relatives' LOCO errors of the
-chosen candidate: their mean plus one standard deviation. The factor model used that too
-until 2026-11-28; but each LOCO error is a MAPE over noisy rows, ~2 % of noise around a
-0-4 % bias, so their spread is mostly noise, and it did not count the target's own quirk
-at all. ``bench fleet`` (seeds 1 | 2, table 2): stated 2.6-3.5 % that way, and the setup
+chosen candidate: their mean plus one standard deviation. The factor model used that
+too, until the fifth session; but each LOCO error is a MAPE over noisy rows, ~2 % of
+noise around a 0-4 % bias, so their spread is mostly noise, and it did not count the
+target's own quirk at all. ``bench fleet`` (seeds 1 | 2, table 2): stated 2.6-3.5 % that way, and the setup
 with the largest error, Mixtral/H100/TP2 (−3.9 | −4.2 % bias), got the lowest statement:
 worst actual/stated 1.56 | 1.68, the ratios' standard deviation 0.29. Modelled, the
 statements are 2.9-3.4 % (noise ~2 % ⊕ bias sd 2.0-2.7 %, mostly the own quirk: members
