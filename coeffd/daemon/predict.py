@@ -158,11 +158,22 @@ def error_text(answer: Mapping[str, Any]) -> str:
 
     >>> error_text({"expected_error": 0.032}), error_text({"expected_error": None})
     ('expected step-time error 3.2 %', 'expected step-time error unknown')
+    >>> error_text({"expected_error": 0.029,
+    ...             "error_parts": {"noise_error": 0.02, "bias_sd": 0.021}})
+    'expected step-time error 2.9 % (step noise 2.0 %, coefficients ±2.1 %)'
+    >>> error_text({"expected_error": 0.029, "error_parts": {"bias_sd": "x"}})
+    'expected step-time error 2.9 %'
     """
     err = answer.get("expected_error")
-    return "expected step-time error " + (
+    text = "expected step-time error " + (
         f"{100 * err:.1f} %" if isinstance(err, float) else "unknown"
     )
+    parts = answer.get("error_parts")
+    if isinstance(parts, Mapping):  # a server's answer: print only what is what it says
+        noise, doubt = parts.get("noise_error"), parts.get("bias_sd")
+        if isinstance(noise, float) and isinstance(doubt, float):
+            text += f" (step noise {100 * noise:.1f} %, coefficients ±{100 * doubt:.1f} %)"
+    return text
 
 
 def comment(answer: Mapping[str, Any]) -> str:
