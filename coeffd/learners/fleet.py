@@ -684,13 +684,15 @@ class FleetModel:
         parts = (
             self._factor_error(description, beta, kern, key) if src == PREFERRED_SOURCE else None
         )
+        found = stats.get(src) or self._relatives_error(src, kern)
+        relatives = found[0] + found[1] if found else None
         expected: float | None
         if parts is not None:
             basis, expected = "model", math.hypot(*parts)
-            detail |= {"noise_error": parts[0], "bias_sd": parts[1]}
+            # the other reckoning beside it, for comparison (bench fleet, table 5)
+            detail |= {"noise_error": parts[0], "bias_sd": parts[1], "relatives": relatives}
         else:
-            found = stats.get(src) or self._relatives_error(src, kern)
-            basis, expected = "relatives", (found[0] + found[1] if found else None)
+            basis, expected = "relatives", relatives
         if src == "fleet_factors":
             alpha = self.factors().alpha(description, key)
         else:
