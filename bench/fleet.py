@@ -76,6 +76,7 @@ from coeffd.daemon import api
 from coeffd.daemon.commands.pull import pull
 from coeffd.daemon.fleet import FleetPublisher
 from coeffd.daemon.publish.store import SnapshotStore
+from coeffd.joiner import Joiner
 from coeffd.learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA, TERM_NAMES
 from coeffd.learners.features.config import ServingConfig
 from coeffd.learners.fleet import (
@@ -86,7 +87,6 @@ from coeffd.learners.fleet import (
     relative_noise,
 )
 from coeffd.learners.registry import LearnerRegistry
-from coeffd.receivers.joiner import Joiner
 from coeffd.receivers.otlp.decode import Decoder
 from coeffd.simfleet import SampleRates
 from coeffd.simfleet import run as simulate

@@ -28,7 +28,7 @@ import time
 import tracemalloc
 from collections.abc import Callable, Sequence
 
-from coeffd.receivers.joiner import Joiner, JoinerConfig
+from coeffd.joiner import Joiner, JoinerConfig
 from coeffd.records.events import (
     ApiEvent,
     ApiKind,

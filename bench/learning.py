@@ -2,7 +2,7 @@
 
 ``python -m bench learning [--quick] [--sigma 0.03] [--seeds 3]``
 
-Streams come from :mod:`learners.synthetic` (real :class:`BlisBasis` terms, known true β,
+Streams come from `tests/support/synthetic_steps.py` (real :class:`BlisBasis` terms, known true β,
 log-normal noise with mean 1, 0.3 % stalls ×2–6). The *noise floor* is the MAPE of the
 true coefficients on the same observations; every error below is a ratio to it, computed
 on the same rows. Everything is prequential (predict, then learn). The learner is the
@@ -37,7 +37,7 @@ from coeffd.learners.features import (
 from coeffd.learners.prior import PooledPrior, prior_precision
 from coeffd.learners.rls import RLSRegressor
 from coeffd.learners.steady import SteadyEstimator
-from coeffd.learners.synthetic import TRUE_BETA, SyntheticSteps, synth_steps
+from tests.support.synthetic_steps import TRUE_BETA, SyntheticSteps, synth_steps
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -432,10 +432,10 @@ def _truth_beta(conf: dict[str, object], t_s: float) -> FloatArray:
 
 def simfleet_mode(cfg: LearnersConfig, scenario: str, duration: float, seed: int) -> list[Check]:
     """The real pipeline: simfleet → OTLP decode → joiner → registry, against simfleet's truth."""
+    from coeffd.joiner import Joiner, JoinerConfig
     from coeffd.learners.features.config import ServingConfig
     from coeffd.learners.features.observe import step_features
     from coeffd.learners.registry import LearnerRegistry
-    from coeffd.receivers.joiner import Joiner, JoinerConfig
     from coeffd.receivers.otlp.decode import Decoder, decode_request
     from coeffd.records.observations import StepObservation
     from coeffd.simfleet import SampleRates, run

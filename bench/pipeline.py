@@ -46,7 +46,7 @@ from bench.serve import RATES, LiveSender, record
 from coeffd.daemon.commands.serve import build_consumer
 from coeffd.daemon.load import EngineSampler, LoadController, LoadShedder
 from coeffd.daemon.settings import load_settings
-from coeffd.receivers.joiner import Joiner
+from coeffd.joiner import Joiner
 from coeffd.receivers.otlp.decode import Decoder
 
 TICK_S = 0.25

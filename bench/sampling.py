@@ -62,10 +62,10 @@ def _regime(batch: Sequence[Any], tokens: int) -> str:
 
 def run_one(label: str, spec: Any, duration_s: float, step_rate: float, seed: int) -> Result:
     """Learn one engine's configuration in process; error vs noiseless truth over time."""
+    from coeffd.joiner import Joiner, JoinerConfig
     from coeffd.learners.config import LearnersConfig
     from coeffd.learners.features.config import ServingConfig
     from coeffd.learners.registry import LearnerRegistry
-    from coeffd.receivers.joiner import Joiner, JoinerConfig
     from coeffd.receivers.otlp.decode import Decoder, decode_request
     from coeffd.records.observations import PeriodMethod, StepObservation
     from coeffd.simfleet import SampleRates, run
@@ -167,7 +167,7 @@ def run_one(label: str, spec: Any, duration_s: float, step_rate: float, seed: in
 def join_cost(duration_s: float, seed: int, repeats: int = 3) -> tuple[float, float, int]:
     """Joiner CPU µs per event at vLLM's default sampling with and without the journey
     steps (best of ``repeats``, same decoded records, process CPU time)."""
-    from coeffd.receivers.joiner import Joiner, JoinerConfig
+    from coeffd.joiner import Joiner, JoinerConfig
     from coeffd.receivers.otlp.decode import Decoder, decode_request
     from coeffd.simfleet import SampleRates, run
 

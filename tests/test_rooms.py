@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 RANKS: dict[str, int] = {
     "records": 0,
     "base": 0,
+    "joiner": 1,  # events → observations: imports records only
     "learners": 1,
     "receivers": 1,
     "simfleet": 2,  # simfleet computes its truth with the learners' physics features
@@ -229,6 +230,13 @@ def test_every_module_is_in_a_room() -> None:
 def test_imports_point_down_only() -> None:
     bad = room_violations(edges(ROOT))
     assert not bad, "imports against the rooms' order (CONTRIBUTING.md):\n" + "\n".join(bad)
+
+
+def test_every_room_is_imported_from_above() -> None:
+    """A room nobody above imports is dead weight or a misfiled stage."""
+    imported = {room(e.target) for e in edges(ROOT) if room(e.source) != room(e.target)}
+    unused = sorted(r for r in RANKS if r != PACKAGE and r not in imported)
+    assert not unused, f"rooms no other room imports: {unused}"
 
 
 def test_no_import_cycle() -> None:

@@ -45,13 +45,13 @@ from pydantic_settings import (
 
 from coeffd.base.endpoint import Endpoint, parse_endpoint
 from coeffd.base.security import AuthSettings, TlsSettings
+from coeffd.joiner.config import JoinerConfig
 from coeffd.learners.config import LearnersConfig
 from coeffd.learners.features.basis import BlisBasis
 from coeffd.learners.features.config import CatalogSettings, ConfigurationSettings
 from coeffd.learners.features.files import read_text_bounded
 from coeffd.learners.features.hardware import load_hardware
 from coeffd.receivers.config import ReceiverSettings
-from coeffd.receivers.joiner.config import JoinerConfig
 
 __all__ = [
     "HttpSettings",

@@ -21,7 +21,7 @@ class PeriodMethod(enum.StrEnum):
     JOURNEY_ANCHORS = "journey_anchors"  # same-type journey anchors around the step
     COMPLETION_ANCHORS = "completion_anchors"  # async: C(N) - C(N-1)
     #: unsampled steps between two journey-pinned starts: the sum of their periods
-    #: (``StepObservation.more_batches``; receivers/joiner/pinned.py)
+    #: (``StepObservation.more_batches``; joiner/pinned.py)
     JOURNEY_SPAN = "journey_span"
 
 

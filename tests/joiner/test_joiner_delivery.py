@@ -13,9 +13,8 @@ import msgspec
 import pytest
 from prometheus_client import CollectorRegistry
 
-from coeffd.receivers.joiner import Joiner, JoinerConfig
-from coeffd.receivers.joiner.engine import EngineState
-from coeffd.receivers.joiner.synthetic import S_NS, Batch, SynthConfig, generate
+from coeffd.joiner import Joiner, JoinerConfig
+from coeffd.joiner.engine import EngineState
 from coeffd.records.events import Source
 from coeffd.records.observations import (
     KVTransferObservation,
@@ -24,6 +23,7 @@ from coeffd.records.observations import (
     RequestObservation,
     StepObservation,
 )
+from tests.support.synthetic_engine import S_NS, Batch, SynthConfig, generate
 
 
 def _key(o: Observation) -> tuple:

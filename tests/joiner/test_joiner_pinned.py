@@ -17,7 +17,7 @@ from dataclasses import replace
 import pytest
 from joiner_fleet import FleetRun, batch_shape, run_fleet
 
-from coeffd.receivers.joiner import Joiner, JoinerConfig
+from coeffd.joiner import Joiner, JoinerConfig
 from coeffd.records.observations import (
     PeriodMethod,
     RequestObservation,

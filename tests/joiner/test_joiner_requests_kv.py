@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import msgspec
 
-from coeffd.receivers.joiner import Joiner, JoinerConfig
-from coeffd.receivers.joiner.synthetic import SynthConfig, generate
+from coeffd.joiner import Joiner, JoinerConfig
 from coeffd.records.events import ApiEvent, ApiKind, KVBatchInfo, KVTransfer, Source
 from coeffd.records.observations import KVTransferObservation, RequestObservation, StepObservation
+from tests.support.synthetic_engine import SynthConfig, generate
 
 
 def _all(batches, cfg: JoinerConfig | None = None) -> tuple[Joiner, list]:

@@ -25,7 +25,7 @@ import msgspec
 import pytest
 from joiner_fleet import FleetRun, batch_shape, run_fleet
 
-from coeffd.receivers.joiner import Joiner, JoinerConfig
+from coeffd.joiner import Joiner, JoinerConfig
 from coeffd.records.events import BatchSummary, JourneyEvent, JourneyKind, KVTransfer
 from coeffd.records.observations import (
     Composition,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from coeffd.receivers.joiner import Joiner, JoinerConfig
+from coeffd.joiner import Joiner, JoinerConfig
 from coeffd.receivers.otlp.decode import decode_json
 from coeffd.records.observations import (
     BatchRequest,

@@ -15,7 +15,7 @@ from coeffd.learners.features import (
 )
 from coeffd.learners.prior import prior_precision
 from coeffd.learners.rls import RLSRegressor
-from coeffd.learners.synthetic import TRUE_BETA, synth_steps
+from tests.support.synthetic_steps import TRUE_BETA, synth_steps
 
 
 @pytest.fixture(scope="module")

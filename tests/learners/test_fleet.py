@@ -14,11 +14,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from coeffd.daemon.fleet import FleetPublisher
 from coeffd.daemon.publish.snapshot import validate_for_blis
 from coeffd.daemon.publish.store import SnapshotStore
+from coeffd.joiner import Joiner
 from coeffd.learners.config import LearnersConfig
 from coeffd.learners.features.config import ServingConfig
 from coeffd.learners.fleet import FLEET_ID, SOURCES, FleetModel, MemberStats, one_se_choice
 from coeffd.learners.registry import LearnerRegistry
-from coeffd.receivers.joiner import Joiner
 from coeffd.receivers.otlp.decode import Decoder
 from coeffd.simfleet import SampleRates, run
 from coeffd.simfleet.scenarios import FLEET_SHARED, fleet_shared_engine

@@ -11,8 +11,8 @@ from coeffd.learners.features import BLIS_DEFAULT_BETA, MODELS, BlisBasis, load_
 from coeffd.learners.features.config import ServingConfig
 from coeffd.learners.fleet import SOURCES, FleetModel, MemberStats
 from coeffd.learners.fleet_factors import STRENGTHS
-from coeffd.learners.synthetic import synth_steps
 from coeffd.learners.targets import ALPHA_TARGETS
+from tests.support.synthetic_steps import synth_steps
 
 SIGMA = 0.02  # relative step-time noise of every synthetic row
 ROWS = 400

@@ -14,7 +14,6 @@ from coeffd.learners.evaluation import REGIMES
 from coeffd.learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA, TERM_NAMES
 from coeffd.learners.features.config import ServingConfig
 from coeffd.learners.registry import LearnerRegistry
-from coeffd.learners.synthetic import TRUE_BETA
 from coeffd.records.events import Source
 from coeffd.records.observations import (
     BatchRequest,
@@ -26,6 +25,7 @@ from coeffd.records.observations import (
     StepAggregates,
     StepObservation,
 )
+from tests.support.synthetic_steps import TRUE_BETA
 
 SRC = Source(id="engine-0", attributes=(("coeffd.model", "llama-3.1-8b-instruct"),))
 # The joiner's estimate of the engine-loop wait inside arrival→QUEUED (BLIS's α0 excludes

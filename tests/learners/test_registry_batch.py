@@ -5,9 +5,9 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
+from coeffd.joiner import Joiner
 from coeffd.learners.features.config import ServingConfig
 from coeffd.learners.registry import LearnerRegistry
-from coeffd.receivers.joiner import Joiner
 from coeffd.receivers.otlp.decode import Decoder
 from coeffd.records.observations import Composition, StepObservation
 from coeffd.simfleet import SampleRates, run

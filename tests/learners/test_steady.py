@@ -18,7 +18,7 @@ from coeffd.learners.features import (
 from coeffd.learners.prior import prior_precision
 from coeffd.learners.rls import RLSRegressor
 from coeffd.learners.steady import STEADY, TRACKING, SteadyEstimator, identified_fit, term_sources
-from coeffd.learners.synthetic import TRUE_BETA, synth_steps
+from tests.support.synthetic_steps import TRUE_BETA, synth_steps
 
 BASIS = BlisBasis(load_model("llama-3.1-8b-instruct"), load_hardware("H100"), tp=1)
 

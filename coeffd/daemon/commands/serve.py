@@ -24,9 +24,9 @@ from coeffd.daemon.load import LoadController
 from coeffd.daemon.publish.policy import PublishPolicy
 from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.daemon.settings import Settings
+from coeffd.joiner import Joiner, JoinerMetrics
 from coeffd.learners.features.config import BasisResolver
 from coeffd.learners.registry import LearnerRegistry
-from coeffd.receivers.joiner import Joiner, JoinerMetrics
 
 __all__ = ["add_parser", "build_app", "build_consumer", "run"]
 

@@ -34,11 +34,11 @@ from coeffd.daemon.publish.policy import PublishPolicy
 from coeffd.daemon.publish.snapshot import Snapshot
 from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.daemon.writer import Writer
+from coeffd.joiner import Joiner
 from coeffd.learners.features.config import ServingConfig
 from coeffd.learners.registry import LearnerRegistry
 from coeffd.learners.snapshots import Scored
 from coeffd.learners.targets import ALPHA_TARGETS
-from coeffd.receivers.joiner import Joiner
 from coeffd.receivers.otlp.decode import Decoder
 from coeffd.records.events import Record
 from coeffd.records.observations import (

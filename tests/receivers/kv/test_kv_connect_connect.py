@@ -16,7 +16,7 @@ from structlog.testing import capture_logs
 from coeffd.receivers.kv import KVSubscriber
 from coeffd.simfleet.kv import KVEndpointError, ZmqPublisher, require_listener
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 WAIT_S = 30.0  # a safety net against hangs, not a timing assertion
 
 

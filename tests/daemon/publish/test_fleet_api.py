@@ -31,7 +31,7 @@ from coeffd.learners.features.catalog import model_config
 from coeffd.learners.features.config import ServingConfig
 from coeffd.learners.fleet import ERROR_BASES, FLEET_ID, FleetModel, LocoError, MemberStats
 from coeffd.learners.registry import LearnerRegistry
-from coeffd.learners.synthetic import synth_steps
+from tests.support.synthetic_steps import synth_steps
 
 KNOWN = [
     ServingConfig(model="llama-3.1-8b-instruct", gpu="H100", tp=1),

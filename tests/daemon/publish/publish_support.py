@@ -11,8 +11,8 @@ from coeffd.daemon import api
 from coeffd.daemon.publish.snapshot import ConfigurationRef, ErrorStats, Snapshot
 from coeffd.daemon.publish.store import SnapshotStore
 
-ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+ROOT = Path(__file__).resolve().parents[3]
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 BLIS_DEFAULTS = FIXTURES / "blis_defaults.yaml"
 
 ALPHA = (15000.123456789, 700.5, 44.25)

@@ -17,7 +17,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @dataclass

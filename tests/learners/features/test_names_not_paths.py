@@ -21,7 +21,7 @@ from coeffd.learners.features.config import BasisResolver, ServingConfig
 from coeffd.learners.features.files import MAX_DESCRIPTION_BYTES, NotANameError, read_text_bounded
 from coeffd.learners.features.hardware import UnknownGpuError, find_hardware
 
-BUNDLED = Path(__file__).resolve().parents[2] / "coeffd/learners/features/data/models"
+BUNDLED = Path(__file__).resolve().parents[3] / "coeffd/learners/features/data/models"
 
 
 def finishes(fn: Callable[[], Any]) -> Any:

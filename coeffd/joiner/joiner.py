@@ -21,11 +21,11 @@ import msgspec
 import structlog
 from prometheus_client import CollectorRegistry
 
-from coeffd.receivers.joiner import kv as kvmod
-from coeffd.receivers.joiner.config import JoinerConfig
-from coeffd.receivers.joiner.engine import EngineState, LoopWait
-from coeffd.receivers.joiner.metrics import JoinerMetrics
-from coeffd.receivers.joiner.requests import CoreState, EntryKey, RequestEntry, build_observation
+from coeffd.joiner import kv as kvmod
+from coeffd.joiner.config import JoinerConfig
+from coeffd.joiner.engine import EngineState, LoopWait
+from coeffd.joiner.metrics import JoinerMetrics
+from coeffd.joiner.requests import CoreState, EntryKey, RequestEntry, build_observation
 from coeffd.records.events import (
     ApiEvent,
     ApiKind,

@@ -13,7 +13,7 @@ import heapq
 from collections import deque
 from dataclasses import dataclass
 
-from coeffd.receivers.joiner.starts import BUCKET_BITS, QUEUED, StepStarts
+from coeffd.joiner.starts import BUCKET_BITS, QUEUED, StepStarts
 from coeffd.records.observations import RequestObservation
 
 

@@ -23,10 +23,10 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from coeffd.receivers.joiner import intervals as iv
-from coeffd.receivers.joiner import pinned
-from coeffd.receivers.joiner.composition import Life
-from coeffd.receivers.joiner.config import JoinerConfig
+from coeffd.joiner import intervals as iv
+from coeffd.joiner import pinned
+from coeffd.joiner.composition import Life
+from coeffd.joiner.config import JoinerConfig
 from coeffd.records.events import BatchSummary, JourneyEvent, JourneyKind
 
 SCHED, QUEUED, COMPL = 0, 1, 2

@@ -32,7 +32,7 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from coeffd.receivers.joiner.composition import Life
+from coeffd.joiner.composition import Life
 from coeffd.records.observations import BatchRequest
 
 __all__ = ["Pin", "Span", "batch_at", "spans"]

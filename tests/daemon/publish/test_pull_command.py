@@ -13,7 +13,7 @@ from publish_support import run_pull as _pull
 from coeffd.daemon.publish.defaults_schema import validate_defaults_yaml
 from coeffd.daemon.publish.store import SnapshotStore
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _outside_block(text: str) -> list[str]:

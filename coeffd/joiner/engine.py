@@ -22,12 +22,12 @@ from dataclasses import dataclass
 
 import structlog
 
-from coeffd.receivers.joiner import intervals as iv
-from coeffd.receivers.joiner import pinned
-from coeffd.receivers.joiner.composition import Life, aggregates_of, from_lives, from_snapshots
-from coeffd.receivers.joiner.config import JoinerConfig
-from coeffd.receivers.joiner.loopwait import LoopWait, LoopWaitQueue, loop_wait
-from coeffd.receivers.joiner.starts import BUCKET_BITS, COMPL, Anchors, StepStarts, anchor_type
+from coeffd.joiner import intervals as iv
+from coeffd.joiner import pinned
+from coeffd.joiner.composition import Life, aggregates_of, from_lives, from_snapshots
+from coeffd.joiner.config import JoinerConfig
+from coeffd.joiner.loopwait import LoopWait, LoopWaitQueue, loop_wait
+from coeffd.joiner.starts import BUCKET_BITS, COMPL, Anchors, StepStarts, anchor_type
 from coeffd.records.events import BatchSummary, JourneyEvent, RequestSnapshot, Source
 from coeffd.records.observations import (
     BatchRequest,

@@ -33,8 +33,8 @@ shutdown; single-threaded):
   resource key).
 """
 
-from coeffd.receivers.joiner.config import AnchorPriors, JoinerConfig
-from coeffd.receivers.joiner.joiner import Joiner
-from coeffd.receivers.joiner.metrics import JoinerMetrics
+from coeffd.joiner.config import AnchorPriors, JoinerConfig
+from coeffd.joiner.joiner import Joiner
+from coeffd.joiner.metrics import JoinerMetrics
 
 __all__ = ["AnchorPriors", "Joiner", "JoinerConfig", "JoinerMetrics"]

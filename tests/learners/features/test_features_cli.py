@@ -51,7 +51,7 @@ def test_basis_prints_terms_and_step(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 def test_basis_with_paths_and_dp(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ref = (
-        Path(__file__).resolve().parents[2]
+        Path(__file__).resolve().parents[3]
         / "coeffd/learners/features/data/models/mixtral-8x7b-v0.1"
     )
     hw = tmp_path / "hw.json"
