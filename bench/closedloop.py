@@ -58,7 +58,7 @@ from coeffd.simfleet import (
     EngineSpec,
     Noise,
     SampleRates,
-    ServingConfig,
+    ServingSetup,
     Workload,
 )
 from coeffd.simfleet import (
@@ -94,9 +94,9 @@ def resolution_name(factor: float) -> str:
 
 
 #: Configurations the closed loop knows: (serving, workload of the learning run).
-CONFIGURATIONS: dict[str, ServingConfig] = {
-    "dense": ServingConfig(model="llama-3.1-8b-instruct", gpu="H100", tp=1),
-    "moe": ServingConfig(model="mixtral-8x7b-v0.1", gpu="H100", tp=2),
+CONFIGURATIONS: dict[str, ServingSetup] = {
+    "dense": ServingSetup(model="llama-3.1-8b-instruct", gpu="H100", tp=1),
+    "moe": ServingSetup(model="mixtral-8x7b-v0.1", gpu="H100", tp=2),
 }
 
 

@@ -128,7 +128,7 @@ def learn(duration_s: float, seed: int, step_rate: float) -> Learned:
     )
     feed(joiner.flush())
     for cid in reg.ids():
-        reg.snapshot(cid)  # feeds the pooled prior, as publishing does
+        reg.pool(reg.estimate(cid))  # feeds the pooled prior, as publishing does
     names = {
         c["config_id"]: c["engine"].removeprefix("shared-") for c in res.truth["configurations"]
     }

@@ -499,7 +499,8 @@ def simfleet_mode(cfg: LearnersConfig, scenario: str, duration: float, seed: int
             k: ape(y, a[:, j])[sl].mean() / floor
             for j, k in ((2, "learned"), (3, "blis_default"), (4, "batch_refit(1000,100)"))
         }
-        snap = reg.snapshot(cid)
+        snap = reg.estimate(cid)
+        reg.pool(snap)
         vb = snap.vectors["beta"]
         tb = _truth_beta(confs[cid], duration)
         ident = [

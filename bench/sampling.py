@@ -104,7 +104,8 @@ def run_one(label: str, spec: Any, duration_s: float, step_rate: float, seed: in
         ls = reg.get(sc.id) if sc is not None else None
         if ls is None or ls.basis is None:
             return None
-        snap = reg.snapshot(sc.id)  # type: ignore[union-attr]
+        snap = reg.estimate(sc.id)  # type: ignore[union-attr]
+        reg.pool(snap)
         beta = np.asarray(snap.beta)
         done = [s for s in steps if (s.start_ns - mono0) / 1e9 <= upto_s]
         if not done:
@@ -148,7 +149,8 @@ def run_one(label: str, spec: Any, duration_s: float, step_rate: float, seed: in
     if sc is not None and reg.get(sc.id) is not None:
         ls = reg.get(sc.id)
         assert ls is not None and ls.basis is not None
-        snap = reg.snapshot(sc.id)
+        snap = reg.estimate(sc.id)
+        reg.pool(snap)
         beta = np.asarray(snap.beta)
         by: dict[str, list[float]] = {}
         for s in steps:
@@ -216,14 +218,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="one seed, 180 s, default rate only")
     args = ap.parse_args(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
-    from coeffd.simfleet import ServingConfig, Workload
+    from coeffd.simfleet import ServingSetup, Workload
     from coeffd.simfleet.scenarios import _engine
 
     seeds = [int(s) for s in args.seeds.split(",")]
     duration = args.duration
     cases: list[tuple[str, Any, float]] = []
-    dense = ServingConfig(model="llama-3.1-8b-instruct", gpu="H100", tp=1)
-    moe = ServingConfig(model="mixtral-8x7b-v0.1", gpu="H100", tp=2)
+    dense = ServingSetup(model="llama-3.1-8b-instruct", gpu="H100", tp=1)
+    moe = ServingSetup(model="mixtral-8x7b-v0.1", gpu="H100", tp=2)
     wl = Workload(rate_per_s=6.0, profile="mixed")
     rates = (0.01,) if args.quick else (0.01, 0.05, 1.0)
     if args.quick:

@@ -62,7 +62,7 @@ import zmq
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench.serve import EXPORT, RATES, ROOT, DaemonProc, LiveSender, Recording, _pin, record
-from coeffd.daemon.checkpoint import encode_state
+from coeffd.daemon.learning.checkpoints import encode_state
 from coeffd.simfleet import replica
 from coeffd.simfleet.kv import encode_batch
 

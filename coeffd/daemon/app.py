@@ -1,8 +1,7 @@
 """One daemon instance: settings → receivers + pipeline + HTTP server (:class:`App`).
 
 The receivers hand their records to the :class:`~daemon.pipeline.Pipeline` (a bounded
-queue and its one worker, re-exported here with :class:`Consumer` and
-:class:`CountingConsumer`); the app starts and stops them, the HTTP routes ``/metrics``,
+queue and its one worker); the app starts and stops them, the HTTP routes ``/metrics``,
 ``/healthz`` and ``/readyz``, the KV subscribers and the supervisor of its threads.
 """
 
@@ -36,7 +35,7 @@ from coeffd.receivers.occupancy import Occupancy
 from coeffd.receivers.otlp.decode import Decoder
 from coeffd.records.events import Record
 
-__all__ = ["App", "Consumer", "CountingConsumer", "Pipeline"]
+__all__ = ["App"]
 
 log = structlog.get_logger(__name__)
 

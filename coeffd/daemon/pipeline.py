@@ -96,7 +96,7 @@ class CountingConsumer:
 class Pipeline:
     """Bounded record queue + the single worker thread that feeds the consumer.
 
-    The receivers' next consumer (``receivers.host.Consumer``); given their metrics, it
+    The receivers' next consumer (``receivers.host.RecordSink``); given their metrics, it
     counts there what it accepts, its depth and its worker's time and errors.
     """
 

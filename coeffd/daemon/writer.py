@@ -12,13 +12,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from coeffd.daemon.checkpoint import CheckpointStore
 from coeffd.daemon.publish.snapshot import InvalidCoefficientsError, Snapshot
 from coeffd.daemon.publish.store import SnapshotStore
+
+if TYPE_CHECKING:  # the checkpoint module imports the writer
+    from coeffd.daemon.learning.checkpoints import CheckpointStore
 
 __all__ = ["Failed", "Writer", "Written"]
 

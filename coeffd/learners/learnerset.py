@@ -4,7 +4,7 @@ A :class:`LearnerSet` holds one :class:`~learners.rls.RLSRegressor` per target (
 first use by :mod:`learners.targets`). Every observation is predicted before it is
 learned (:mod:`learners.evaluation`), with the learned vector, BLIS's shipped defaults
 and a windowed batch refit; :meth:`LearnerSet.vector` turns a learner into the
-publishable :class:`~learners.snapshots.VectorSnapshot`. Sets are created, bounded and
+publishable :class:`~learners.estimates.VectorEstimate`. Sets are created, bounded and
 checkpointed by :mod:`learners.registry`.
 """
 
@@ -20,6 +20,7 @@ import numpy.typing as npt
 import structlog
 
 from coeffd.learners.config import LearnersConfig
+from coeffd.learners.estimates import Scored, VectorEstimate
 from coeffd.learners.evaluation import (
     Evaluator,
     WindowedRefit,
@@ -32,7 +33,6 @@ from coeffd.learners.features.config import ServingConfig
 from coeffd.learners.features.extended import extended_terms
 from coeffd.learners.features.observe import has_requests, kv_bytes_per_block, step_features
 from coeffd.learners.rls import RLSRegressor
-from coeffd.learners.snapshots import Scored, VectorSnapshot
 from coeffd.learners.steady import STEADY, SteadyEstimator, identified_fit, term_sources
 from coeffd.learners.targets import ALPHA_STEADY, ALPHA_TARGETS, STEADY_TWINS, make_learner
 from coeffd.records.observations import (
@@ -419,7 +419,7 @@ class LearnerSet:
 
     def vector(
         self, name: str, evaluator: Evaluator | None, threshold: float
-    ) -> VectorSnapshot | None:
+    ) -> VectorEstimate | None:
         m = self.learners.get(name)
         if m is None:
             return None
@@ -468,7 +468,7 @@ class LearnerSet:
             if s:
                 mape, rmse = s["mape"], s["rmse"]
         drift = self.learners[name].drift  # the fast tracker's, for the published β too
-        return VectorSnapshot(
+        return VectorEstimate(
             name=name,
             names=tuple(m.features),
             values=tuple(float(v) for v in values),

@@ -19,13 +19,13 @@ import numpy as np
 import structlog
 
 from coeffd.learners.config import LearnersConfig
+from coeffd.learners.estimates import ConfigEstimate, Scored, VectorEstimate
 from coeffd.learners.evaluation import Evaluator
 from coeffd.learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA, BlisBasis
 from coeffd.learners.features.config import BasisResolver, ServingConfig
 from coeffd.learners.learnerset import LearnerSet
 from coeffd.learners.prior import PooledPrior
 from coeffd.learners.rls import RLSRegressor
-from coeffd.learners.snapshots import ConfigSnapshot, Scored, VectorSnapshot
 from coeffd.learners.targets import ALPHA_TARGETS
 from coeffd.records.observations import Observation, StepObservation
 
@@ -78,7 +78,8 @@ class LearnerRegistry:
         reg = LearnerRegistry(LearnersConfig(), on_evict=checkpoint_writer)
         for obs in observations:
             scored = reg.learn(serving_config, obs)   # prequential predictions, for metrics
-        snap = reg.snapshot(serving_config.id)         # ConfigSnapshot: alpha, beta, detail
+        est = reg.estimate(serving_config.id)          # ConfigEstimate: alpha, beta, detail
+        reg.pool(est)                                  # what new configurations' priors see
     """
 
     def __init__(
@@ -178,16 +179,21 @@ class LearnerRegistry:
 
     # -------------------------------------------------------------- output
 
-    def snapshot(self, config_id: str) -> ConfigSnapshot:
-        """Current valid coefficients and metadata of a configuration (also feeds the pool)."""
+    def _set_or_parked(self, config_id: str) -> LearnerSet:
         ls = self._sets.get(config_id)
         if ls is None:
             parked = self._parked.get(config_id)
             if parked is None:
                 raise KeyError(config_id)
             ls = self._from_state(parked)
+        return ls
+
+    def estimate(self, config_id: str) -> ConfigEstimate:
+        """Current valid coefficients and metadata of a configuration (a pure query:
+        :meth:`pool` is what lets other configurations' priors learn from it)."""
+        ls = self._set_or_parked(config_id)
         th = self.settings.identify_threshold
-        vectors: dict[str, VectorSnapshot] = {}
+        vectors: dict[str, VectorEstimate] = {}
         for name in ls.learners:
             v = ls.vector(name, self.evaluator, th)
             if v is not None:
@@ -201,16 +207,10 @@ class LearnerRegistry:
             vectors[t].values[0] if t in vectors else float(max(ls.alpha_prior[i], 0.0))
             for i, t in enumerate(ALPHA_TARGETS)
         )
-        if "beta" in vectors and vectors["beta"].observations > 0:
-            vb = vectors["beta"]
-            self.beta_pool.add(ls.config, vb.values, vb.identified, vb.n_effective, key=config_id)
-        alpha_n = [vectors[t].n_effective for t in ALPHA_TARGETS if t in vectors]
-        if len(alpha_n) == len(ALPHA_TARGETS):
-            self.alpha_pool.add(ls.config, alpha, None, min(alpha_n), key=config_id)
         errors = {
             t: self.evaluator.summary(config_id, t) for t in self.evaluator.targets(config_id)
         }
-        return ConfigSnapshot(
+        return ConfigEstimate(
             config_id=config_id,
             labels=ls.config.labels,
             alpha=alpha,
@@ -225,6 +225,18 @@ class LearnerRegistry:
             recent_terms=ls.recent_terms(),
             step_time_rel_std=ls.step_time_rel_std(beta) if "beta" in vectors else {},
         )
+
+    def pool(self, estimate: ConfigEstimate) -> None:
+        """Add a configuration's published vectors to the pooled priors of new ones (the
+        publisher calls it with what it publishes)."""
+        ls = self._set_or_parked(estimate.config_id)
+        vectors, key = estimate.vectors, estimate.config_id
+        if "beta" in vectors and vectors["beta"].observations > 0:
+            vb = vectors["beta"]
+            self.beta_pool.add(ls.config, vb.values, vb.identified, vb.n_effective, key=key)
+        alpha_n = [vectors[t].n_effective for t in ALPHA_TARGETS if t in vectors]
+        if len(alpha_n) == len(ALPHA_TARGETS):
+            self.alpha_pool.add(ls.config, estimate.alpha, None, min(alpha_n), key=key)
 
     # -------------------------------------------------------------- bounds / checkpoints
 
@@ -296,7 +308,7 @@ class LearnerRegistry:
                 _check_priors(scratch, ls.config, ls)
                 for name, m in ls.learners.items():
                     _check_learner(ls, name, m)
-                scratch.snapshot(cid)  # every published vector (steady β included) computes
+                scratch.estimate(cid)  # every published vector (steady β included) computes
         except (TypeError, KeyError, ValueError, AttributeError, IndexError) as exc:
             raise ValueError(f"{type(exc).__name__}: {exc}") from exc
 

@@ -4,7 +4,7 @@ The OpenTelemetry Collector's shape: a receiver knows its own config
 (:mod:`coeffd.receivers.config`) and the interface of the next consumer, nothing of
 the process around it. ``daemon.app.App`` implements :class:`Host` (structurally: no
 import of it here, so the arrows point from the daemon down to the receivers only), and
-``daemon.app.Pipeline`` implements :class:`Consumer`.
+``daemon.pipeline.Pipeline`` implements :class:`RecordSink`.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ if TYPE_CHECKING:
     from coeffd.receivers.otlp.decode import Decoder
     from coeffd.records.events import Record
 
-__all__ = ["Consumer", "Host"]
+__all__ = ["Host", "RecordSink"]
 
 
-class Consumer(Protocol):
+class RecordSink(Protocol):
     """Where a receiver hands its records: a bounded queue that never blocks.
 
     A receiver asks :meth:`has_room` before it decodes (a full queue costs a "retry
@@ -48,7 +48,7 @@ class Host(Protocol):
     """What the daemon gives each receiver it runs."""
 
     @property
-    def pipeline(self) -> Consumer:
+    def pipeline(self) -> RecordSink:
         """The next consumer."""
         ...
 

@@ -4,7 +4,7 @@ Registered on the registry the daemon hands over (each daemon has its own, so se
 can live in one test process). The receivers count requests, records, decode times and
 rejections here, labelled by ``receiver`` (the KV receiver reuses the event families
 through ``KVMetrics``, so nothing is registered twice); the queue they hand records to
-(their next consumer, ``daemon.app.Pipeline``) counts its depth and its worker's time
+(their next consumer, ``daemon.pipeline.Pipeline``) counts its depth and its worker's time
 and errors here too, so one object describes records from the wire to the consumer.
 """
 

@@ -23,7 +23,7 @@ from coeffd.simfleet.config import (
     EngineSpec,
     Noise,
     SampleRates,
-    ServingConfig,
+    ServingSetup,
     Workload,
 )
 from coeffd.simfleet.kv import KVJsonlWriter, MemoryKVSink, read_kv_jsonl
@@ -49,7 +49,7 @@ __all__ = [
     "Noise",
     "RunResult",
     "SampleRates",
-    "ServingConfig",
+    "ServingSetup",
     "Workload",
     "build",
     "read_kv_jsonl",

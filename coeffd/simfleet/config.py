@@ -114,8 +114,9 @@ class Workload:
 
 
 @dataclass(frozen=True, slots=True)
-class ServingConfig:
-    """The serving configuration of one engine (what BLIS picks coefficients by)."""
+class ServingSetup:
+    """How one simulated engine is set up: model, GPU, parallelism, scheduler knobs (what its
+    configuration id is derived from; ``learners.features.config.ServingConfig`` is that id)."""
 
     model: str = "llama-3.1-8b-instruct"
     gpu: str = "H100"
@@ -138,7 +139,7 @@ class EngineSpec:
     """One simulated EngineCore (+ its API server)."""
 
     name: str
-    serving: ServingConfig
+    serving: ServingSetup
     truth: CoefficientSchedule
     workload: Workload = field(default_factory=Workload)
     noise: Noise = field(default_factory=Noise)

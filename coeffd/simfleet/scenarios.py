@@ -19,7 +19,7 @@ from coeffd.simfleet.config import (
     CoefficientSchedule,
     EngineSpec,
     Noise,
-    ServingConfig,
+    ServingSetup,
     Workload,
 )
 from coeffd.simfleet.fleet_truth import structured_truth
@@ -62,7 +62,7 @@ def drifted(
 
 def _engine(
     name: str,
-    serving: ServingConfig,
+    serving: ServingSetup,
     workload: Workload,
     schedule: CoefficientSchedule | None = None,
     noise: Noise | None = None,
@@ -77,7 +77,7 @@ def steady(duration_s: float) -> list[EngineSpec]:
     return [
         _engine(
             "steady-0",
-            ServingConfig(model="llama-3.1-8b-instruct", gpu="H100", tp=1),
+            ServingSetup(model="llama-3.1-8b-instruct", gpu="H100", tp=1),
             Workload(rate_per_s=6.0, profile="mixed"),
         )
     ]
@@ -89,7 +89,7 @@ _DRIFT = {0: 1.3, 2: 1.2, 5: 1.6, 6: 1.4, 9: 1.25}
 def abrupt_drift(duration_s: float) -> list[EngineSpec]:
     """As ``steady``, but true β (compute, weights, per-request, per-step, decode KV) and α
     jump at half time."""
-    sc = ServingConfig(model="llama-3.1-8b-instruct", gpu="H100", tp=1)
+    sc = ServingSetup(model="llama-3.1-8b-instruct", gpu="H100", tp=1)
     base = true_coefficients("abrupt/llama-3.1-8b/H100")
     sched = CoefficientSchedule((base, drifted(base, duration_s / 2, _DRIFT, 1.5)))
     return [_engine("drift-0", sc, Workload(rate_per_s=6.0), sched)]
@@ -97,7 +97,7 @@ def abrupt_drift(duration_s: float) -> list[EngineSpec]:
 
 def gradual_drift(duration_s: float) -> list[EngineSpec]:
     """As ``abrupt-drift`` but ramping linearly from 25 % to 75 % of the run."""
-    sc = ServingConfig(model="llama-3.1-8b-instruct", gpu="H100", tp=1)
+    sc = ServingSetup(model="llama-3.1-8b-instruct", gpu="H100", tp=1)
     base = true_coefficients("gradual/llama-3.1-8b/H100")
     a = replace(base, t_s=duration_s * 0.25)
     b = drifted(base, duration_s * 0.75, _DRIFT, 1.5)
@@ -110,14 +110,14 @@ def fleet(duration_s: float) -> list[EngineSpec]:
     specs = [
         _engine(
             "fleet-llama8b-h100",
-            ServingConfig(
+            ServingSetup(
                 model="llama-3.1-8b-instruct", gpu="H100", tp=1, max_num_batched_tokens=2048
             ),
             Workload(rate_per_s=5.0, profile="mixed"),
         ),
         _engine(
             "fleet-llama8b-a100-offload",
-            ServingConfig(
+            ServingSetup(
                 model="llama-3.1-8b-instruct",
                 gpu="A100-80",
                 tp=1,
@@ -129,14 +129,14 @@ def fleet(duration_s: float) -> list[EngineSpec]:
         ),
         _engine(
             "fleet-llama70b-h100-tp4",
-            ServingConfig(
+            ServingSetup(
                 model="llama-3.1-70b-instruct", gpu="H100", tp=4, max_num_batched_tokens=2048
             ),
             Workload(rate_per_s=3.0, profile="decode-heavy"),
         ),
         _engine(
             "fleet-qwen7b-a100-tp2-sync",
-            ServingConfig(
+            ServingSetup(
                 model="qwen2.5-7b-instruct",
                 gpu="A100-80",
                 tp=2,
@@ -147,12 +147,12 @@ def fleet(duration_s: float) -> list[EngineSpec]:
         ),
         _engine(
             "fleet-mixtral-h100-tp2",
-            ServingConfig(model="mixtral-8x7b-v0.1", gpu="H100", tp=2, max_num_batched_tokens=2048),
+            ServingSetup(model="mixtral-8x7b-v0.1", gpu="H100", tp=2, max_num_batched_tokens=2048),
             Workload(rate_per_s=3.0, profile="mixed", process="bursty"),
         ),
         _engine(
             "fleet-dsv2lite-a100-offload",
-            ServingConfig(
+            ServingSetup(
                 model="deepseek-v2-lite",
                 gpu="A100-80",
                 tp=1,
@@ -164,12 +164,12 @@ def fleet(duration_s: float) -> list[EngineSpec]:
         ),
         _engine(
             "fleet-scout-h100-tp2",
-            ServingConfig(model="llama-4-scout-17b-16e-instruct-fp8-dynamic", gpu="H100", tp=2),
+            ServingSetup(model="llama-4-scout-17b-16e-instruct-fp8-dynamic", gpu="H100", tp=2),
             Workload(rate_per_s=3.0, profile="decode-heavy"),
         ),
     ]
     # DP=2 + EP MoE deployment: two EngineCores (DP ranks) sharing one configuration
-    moe = ServingConfig(
+    moe = ServingSetup(
         model="qwen3-30b-a3b", gpu="H100", tp=1, dp=2, ep=True, max_num_batched_tokens=2048
     )
     key_eng = _engine("fleet-qwen3moe-h100-dp2ep-r0", moe, Workload(rate_per_s=3.0))
@@ -207,7 +207,7 @@ def fleet_shared_engine(
     name: str, model: str, gpu: str, tp: int, rate: float = 3.0, profile: str = "mixed"
 ) -> EngineSpec:
     """One engine of ``fleet-shared``: structured truth (``simfleet.fleet_truth``)."""
-    sc = ServingConfig(model=model, gpu=gpu, tp=tp, max_num_batched_tokens=2048)
+    sc = ServingSetup(model=model, gpu=gpu, tp=tp, max_num_batched_tokens=2048)
     coeffs, structure = structured_truth(f"{model}/{gpu}/tp{tp}", model, gpu, tp)
     return EngineSpec(
         f"shared-{name}",
@@ -232,7 +232,7 @@ def overload(duration_s: float) -> list[EngineSpec]:
     return [
         _engine(
             "overload-0",
-            ServingConfig(
+            ServingSetup(
                 model="llama-3.1-8b-instruct",
                 gpu="H100",
                 tp=1,

@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from coeffd.daemon.checkpoint import LATEST, PREVIOUS, encode_state
 from coeffd.daemon.commands.serve import build_consumer
 from coeffd.daemon.learning import LearningConsumer
+from coeffd.daemon.learning.checkpoints import LATEST, PREVIOUS, encode_state
 from coeffd.daemon.settings import load_settings
 from coeffd.receivers.otlp.decode import Decoder
 
@@ -132,7 +132,7 @@ def test_bad_latest_falls_back_to_previous(
     assert _unusable(registry, "latest", "invalid_content") == 1
     assert set(consumer.registry._parked) == set(good_state["registry"]["sets"])
     for cid in good_state["registry"]["sets"]:  # the restored sets work
-        assert consumer.registry.snapshot(cid).observations > 0
+        assert consumer.registry.estimate(cid).observations > 0
     consumer.writer.close()
 
 
@@ -166,7 +166,7 @@ def test_corrupt_and_garbage_extension_payloads(tmp_path: Path, good_state: dict
     # a numpy array of an object dtype, with a valid checksum
     import msgspec
 
-    from coeffd.daemon.checkpoint import _EXT_NDARRAY
+    from coeffd.daemon.learning.checkpoints import _EXT_NDARRAY
 
     ext = msgspec.msgpack.Ext(_EXT_NDARRAY, msgspec.msgpack.encode(["|O", [1], b"12345678"]))
     state = {"version": 1, "registry": {"sets": {}, "beta_pool": ext}}
@@ -222,7 +222,7 @@ def _restores_cleanly(directory: Path, state: Any) -> None:
     try:
         if consumer.restored:  # accepted: then every set it holds must work
             for cid in list(consumer.registry._parked):
-                consumer.registry.snapshot(cid)
+                consumer.registry.estimate(cid)
         else:
             assert _unusable(registry, "latest", "invalid_content") == 1
     finally:

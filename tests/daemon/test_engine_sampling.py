@@ -371,7 +371,7 @@ def test_consumer_learns_from_the_kept_engines_only(fleet: list[bytes], tmp_path
     assert sampled_out > 0
     (cid,) = everyone.registry.ids()
     assert sampler_consumer.registry.ids() == [cid]
-    a, b = everyone.registry.snapshot(cid), sampler_consumer.registry.snapshot(cid)
+    a, b = everyone.registry.estimate(cid), sampler_consumer.registry.estimate(cid)
     n_all = a.vectors["beta"].observations
     n_sampled = b.vectors["beta"].observations
     assert 0 < n_sampled < n_all * (kept + 1) / 40

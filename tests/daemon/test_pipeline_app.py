@@ -10,7 +10,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from coeffd.base.http import Request, Response
-from coeffd.daemon.app import App, CountingConsumer, Pipeline
+from coeffd.daemon.app import App
+from coeffd.daemon.pipeline import CountingConsumer, Pipeline
 from coeffd.daemon.settings import Settings
 from coeffd.receivers.metrics import ReceiverMetrics
 

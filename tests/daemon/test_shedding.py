@@ -124,7 +124,7 @@ def test_shed_learning_still_publishes_valid_coefficients(
     snaps = list((tmp_path / "s").rglob("latest.json"))
     assert snaps, "nothing published while shedding"
     for cid in consumer.registry.ids():
-        snap = consumer.registry.snapshot(cid)
+        snap = consumer.registry.estimate(cid)
         beta, alpha = np.asarray(snap.beta), np.asarray(snap.alpha)
         assert beta.shape == (11,) and np.all(np.isfinite(beta)) and np.all(beta >= 0)
         assert alpha.shape == (3,) and np.all(np.isfinite(alpha)) and np.all(alpha >= 0)
@@ -203,7 +203,7 @@ def test_partial_decoding_of_shed_steps_changes_no_learning(
                     partial += r.partial
             consumer.consume(records)
         consumer.close()  # flushes the joiner's window into the learners
-        snaps = {cid: consumer.registry.snapshot(cid) for cid in consumer.registry.ids()}
+        snaps = {cid: consumer.registry.estimate(cid) for cid in consumer.registry.ids()}
         results.append((partial, summaries, consumer.shed, snaps))
     (p0, n0, shed0, full), (p1, n1, shed1, part) = results
     assert p0 == 0 and n0 == n1 > 1000

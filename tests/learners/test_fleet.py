@@ -46,7 +46,7 @@ def learned() -> tuple[LearnerRegistry, dict[str, Any]]:
     )
     learn(joiner.flush())
     for cid in reg.ids():
-        reg.snapshot(cid)  # feeds the pooled prior, as publishing does
+        reg.estimate(cid)  # feeds the pooled prior, as publishing does
     return reg, res.truth
 
 

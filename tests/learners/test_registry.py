@@ -113,7 +113,7 @@ def test_steps_learn_and_snapshot_is_publishable() -> None:
     for o in obs:
         scored = reg.learn(cfg, o)
         assert scored and scored[0].target == "step_period"
-    snap = reg.snapshot(cfg.id)
+    snap = reg.estimate(cfg.id)
     assert len(snap.beta) == 11 and len(snap.alpha) == 3
     assert all(math.isfinite(v) and v >= 0 for v in snap.beta + snap.alpha)
     assert snap.alpha == tuple(BLIS_DEFAULT_ALPHA)  # no request data yet: prior
@@ -172,7 +172,7 @@ def test_request_and_kv_observations() -> None:
                 bytes=nbytes,
             ),
         )
-    snap = reg.snapshot(cfg.id)
+    snap = reg.estimate(cfg.id)
     assert snap.alpha[0] == pytest.approx(12000, rel=0.03)
     assert snap.alpha[1] == pytest.approx(800, rel=0.03)
     assert snap.alpha[2] == pytest.approx(40, rel=0.03)
@@ -195,7 +195,7 @@ def test_bad_observations_are_counted_not_learned() -> None:
     # An unknown model still gets a set (alpha learners work), never a crash.
     odd = _cfg(model="no-such-model")
     assert reg.learn(odd, good[0]) == []
-    assert len(reg.snapshot(odd.id).beta) == 11
+    assert len(reg.estimate(odd.id).beta) == 11
 
 
 def test_lru_eviction_and_exact_restore() -> None:
@@ -208,7 +208,7 @@ def test_lru_eviction_and_exact_restore() -> None:
     obs = _steps(reg, cfgs[0], 200)
     for o in obs[:100]:
         reg.learn(cfgs[0], o)
-    before = reg.snapshot(cfgs[0].id)
+    before = reg.estimate(cfgs[0].id)
     reg.ensure(cfgs[1])
     reg.ensure(cfgs[2])
     assert len(reg) == 2 and cfgs[0].id not in reg and cfgs[0].id in evicted
@@ -219,22 +219,22 @@ def test_lru_eviction_and_exact_restore() -> None:
     # A fresh registry that only ever saw the evicted state reaches the same coefficients.
     other = LearnerRegistry(LearnersConfig(drift={"enabled": False}))  # type: ignore[arg-type]
     ls = other.restore(json.loads(json.dumps(evicted[cfgs[0].id])))
-    assert other.snapshot(cfgs[0].id).beta == before.beta
+    assert other.estimate(cfgs[0].id).beta == before.beta
     for o in obs[100:]:
         other.learn(cfgs[0], o)
     np.testing.assert_allclose(
-        other.snapshot(cfgs[0].id).beta, reg.snapshot(cfgs[0].id).beta, rtol=1e-9
+        other.estimate(cfgs[0].id).beta, reg.estimate(cfgs[0].id).beta, rtol=1e-9
     )
     assert ls.observations == 200
 
 
 def test_checkpoint_round_trip_of_the_whole_registry() -> None:
     reg, cfg = _learned(50)
-    snap = reg.snapshot(cfg.id)
+    snap = reg.estimate(cfg.id)
     state = json.loads(json.dumps(reg.state_dict()))
     back = LearnerRegistry()
     back.load_state(state)
-    assert back.snapshot(cfg.id).beta == snap.beta
+    assert back.estimate(cfg.id).beta == snap.beta
 
 
 def test_the_published_learner_is_the_long_memory_twin_in_steady_state_and_after_restore() -> None:
@@ -259,7 +259,10 @@ def test_new_configuration_starts_from_pooled_prior() -> None:
     known = _cfg(tp=1)
     for o in _steps(reg, known, 300):
         reg.learn(known, o)
-    learned = reg.snapshot(known.id).beta  # snapshot feeds the pool
+    est = reg.estimate(known.id)
+    assert len(reg.beta_pool) == 0  # asking is not publishing: the pools stay as they were
+    reg.pool(est)  # what the publisher does with what it publishes
+    learned = est.beta
     new = reg.ensure(_cfg(tp=2))
     assert new.prior_sources == ("tp=1",)
     d = np.asarray(learned) - np.asarray(new.beta_prior)
@@ -305,7 +308,7 @@ def test_published_alpha_is_the_long_memory_estimate_in_steady_state_and_follows
         for i in range(12_000):
             reg.learn(cfg, _a0_request(i, 16_000.0, rng))
             if i >= 4_000 and i % 500 == 499:
-                snap = reg.snapshot(reg.ids()[0])
+                snap = reg.estimate(reg.ids()[0])
                 assert snap.vectors["arrival_to_queued"].estimate == "steady"
                 published.append(snap.alpha[0] / 16_000.0 - 1)
                 ls = reg.get(reg.ids()[0])
@@ -320,7 +323,7 @@ def test_published_alpha_is_the_long_memory_estimate_in_steady_state_and_follows
     for i in range(3_000):
         reg.learn(cfg, _a0_request(12_000 + i, 19_200.0, rng))
     assert ls.steady("arrival_to_queued").switches >= 1
-    assert abs(reg.snapshot(reg.ids()[0]).alpha[0] / 19_200.0 - 1) < 0.05
+    assert abs(reg.estimate(reg.ids()[0]).alpha[0] / 19_200.0 - 1) < 0.05
     # the estimators' state survives a checkpoint
     back = LearnerRegistry()
     back.load_state(json.loads(json.dumps(reg.state_dict())))

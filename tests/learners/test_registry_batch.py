@@ -47,7 +47,7 @@ def test_learn_steps_equals_one_by_one() -> None:
         assert a.predictions.keys() == b.predictions.keys()
         for k in a.predictions:
             assert np.isclose(a.predictions[k], b.predictions[k], rtol=1e-9, atol=0), k
-    sa, sb = one.snapshot(cfg.id), many.snapshot(cfg.id)
+    sa, sb = one.estimate(cfg.id), many.estimate(cfg.id)
     np.testing.assert_allclose(sa.beta, sb.beta, rtol=1e-9)
     assert sa.observations == sb.observations
     # the rolling error windows (bulk-appended per batch) hold the same rows

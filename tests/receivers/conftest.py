@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from coeffd.daemon.app import App, CountingConsumer
+from coeffd.daemon.app import App
+from coeffd.daemon.pipeline import CountingConsumer
 from coeffd.daemon.settings import Settings
 
 

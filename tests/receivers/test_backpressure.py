@@ -20,7 +20,8 @@ from otlp_builders import core_span, journey, request
 from test_sdk_export import exporter
 from vllm_spans import emit_api, emit_engine
 
-from coeffd.daemon.app import App, CountingConsumer
+from coeffd.daemon.app import App
+from coeffd.daemon.pipeline import CountingConsumer
 
 FILLER: Any = [object()] * 4  # occupies the tiny queue so that any real request overflows it
 

@@ -11,8 +11,9 @@ from opentelemetry.sdk.resources import Resource
 from test_sdk_export import exporter
 from vllm_spans import emit_engine
 
-from coeffd.daemon.app import App, CountingConsumer
+from coeffd.daemon.app import App
 from coeffd.daemon.load.sampling import EngineSampler, engine_hash
+from coeffd.daemon.pipeline import CountingConsumer
 
 _HALF = 1 << 31
 

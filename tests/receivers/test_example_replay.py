@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from coeffd.daemon.app import App, CountingConsumer
+from coeffd.daemon.app import App
 from coeffd.daemon.commands.replay import run_replay
+from coeffd.daemon.pipeline import CountingConsumer
 from coeffd.receivers.otlp.decode import decode_json
 from coeffd.records.events import (
     ApiEvent,

@@ -28,7 +28,8 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from otlp_builders import core_span, journey, request, step_span, summary_attrs
 from prometheus_client import CollectorRegistry
 
-from coeffd.daemon.app import App, CountingConsumer
+from coeffd.daemon.app import App
+from coeffd.daemon.pipeline import CountingConsumer
 from coeffd.daemon.settings import Settings
 from coeffd.receivers.kv import KVSubscriber
 

@@ -9,7 +9,8 @@ from opentelemetry.sdk.resources import Resource
 from test_sdk_export import exporter
 from vllm_spans import emit_engine
 
-from coeffd.daemon.app import App, CountingConsumer
+from coeffd.daemon.app import App
+from coeffd.daemon.pipeline import CountingConsumer
 
 
 def test_requests_occupy_the_pool_while_they_are_handled() -> None:

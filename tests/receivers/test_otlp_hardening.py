@@ -23,7 +23,8 @@ from corpus_inputs import TEST_LIMITS, TEST_MAX_BYTES, empty_resource_spans, otl
 from google.rpc import status_pb2
 from otlp_builders import core_span, journey, request
 
-from coeffd.daemon.app import App, CountingConsumer
+from coeffd.daemon.app import App
+from coeffd.daemon.pipeline import CountingConsumer
 from coeffd.daemon.settings import Settings
 
 GOOD = request(("vllm.scheduler", [core_span(journey())])).SerializeToString()

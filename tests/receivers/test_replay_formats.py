@@ -13,8 +13,9 @@ import pytest
 import zstandard
 from test_example_replay import EXAMPLE, _pipeline_only, check_example
 
-from coeffd.daemon.app import App, CountingConsumer
+from coeffd.daemon.app import App
 from coeffd.daemon.commands.replay import run_replay
+from coeffd.daemon.pipeline import CountingConsumer
 from coeffd.receivers.otlp.jsonbody import parse_json_request
 
 LINES = EXAMPLE.read_bytes().splitlines()

@@ -19,7 +19,8 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from test_example_replay import check_example
 from vllm_spans import emit_api, emit_engine
 
-from coeffd.daemon.app import App, CountingConsumer
+from coeffd.daemon.app import App
+from coeffd.daemon.pipeline import CountingConsumer
 
 
 def exporter(app: App, protocol: str, gzip: bool, path: str = "/v1/traces") -> SpanExporter:

@@ -29,7 +29,8 @@ from vllm_spans import emit_engine
 
 from coeffd.base.http import Response
 from coeffd.daemon import cli
-from coeffd.daemon.app import App, CountingConsumer
+from coeffd.daemon.app import App
+from coeffd.daemon.pipeline import CountingConsumer
 from coeffd.daemon.settings import Settings
 
 TOKEN = "s3cr3t-token-from-a-secret"

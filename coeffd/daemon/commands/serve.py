@@ -16,10 +16,10 @@ from prometheus_client import CollectorRegistry
 
 from coeffd.daemon import api
 from coeffd.daemon.app import App
-from coeffd.daemon.checkpoint import CheckpointStore
 from coeffd.daemon.commands.common import EXIT_USAGE, add_settings_arguments, settings_from_args
 from coeffd.daemon.fleet import FleetPublisher
 from coeffd.daemon.learning import ConfigResolver, LearningConsumer, ServeMetrics
+from coeffd.daemon.learning.checkpoints import CheckpointStore
 from coeffd.daemon.load import LoadController
 from coeffd.daemon.publish.policy import PublishPolicy
 from coeffd.daemon.publish.store import SnapshotStore

@@ -7,7 +7,6 @@ One job per module:
 * :mod:`.configs` — :class:`ConfigResolver`: which configuration a telemetry source
   belongs to (static, or from its resource attributes);
 * :mod:`.cadence` — :class:`Publisher`: when a configuration gets a new snapshot;
-* :mod:`.snapshots` — :func:`to_snapshot`: a configuration's learners → a snapshot;
 * :mod:`.checkpoints` — restore and checkpoint the learners' state; write health;
 * :mod:`.freshness` — observation → snapshot-on-disk latency;
 * :mod:`.metrics` — :class:`ServeMetrics`, the learning-side metric families.
@@ -16,6 +15,5 @@ One job per module:
 from coeffd.daemon.learning.configs import ConfigResolver
 from coeffd.daemon.learning.consumer import LearningConsumer
 from coeffd.daemon.learning.metrics import ServeMetrics
-from coeffd.daemon.learning.snapshots import to_snapshot
 
-__all__ = ["ConfigResolver", "LearningConsumer", "ServeMetrics", "to_snapshot"]
+__all__ = ["ConfigResolver", "LearningConsumer", "ServeMetrics"]

@@ -18,14 +18,13 @@ import structlog
 from coeffd.daemon.fleet import FleetPublisher
 from coeffd.daemon.learning.freshness import Freshness
 from coeffd.daemon.learning.metrics import SOURCES, ServeMetrics
-from coeffd.daemon.learning.snapshots import to_snapshot
 from coeffd.daemon.publish.policy import PublishPolicy
-from coeffd.daemon.publish.snapshot import Snapshot
+from coeffd.daemon.publish.snapshot import Snapshot, to_snapshot
 from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.daemon.writer import Writer
+from coeffd.learners.estimates import ConfigEstimate
 from coeffd.learners.features.config import ServingConfig
 from coeffd.learners.registry import LearnerRegistry
-from coeffd.learners.snapshots import ConfigSnapshot
 
 __all__ = ["Pending", "Publisher"]
 
@@ -82,12 +81,13 @@ class Publisher:
             p = self._pending.get(cid)
             if ls is None or p is None or ls.version == p.last_published_version:
                 continue
-            cs = self.registry.snapshot(cid)
+            cs = self.registry.estimate(cid)
+            self.registry.pool(cs)
             self._export_gauges(cs, p)
             if self.store is not None:
                 self._publish(cs, p, now, force)
 
-    def _export_gauges(self, cs: ConfigSnapshot, p: Pending) -> None:
+    def _export_gauges(self, cs: ConfigEstimate, p: Pending) -> None:
         cid = cs.config_id
         for target, summary in cs.errors.items():
             for source, regimes in summary.items():
@@ -104,7 +104,7 @@ class Publisher:
                 self.metrics.drift.labels(cid, target).inc(vec.drift_detections - seen)
                 p.drift_seen[name] = vec.drift_detections
 
-    def _publish(self, cs: ConfigSnapshot, p: Pending, now: float, force: bool) -> None:
+    def _publish(self, cs: ConfigEstimate, p: Pending, now: float, force: bool) -> None:
         assert self.store is not None
         cid = cs.config_id
         previous = self._last.get(cid)

@@ -22,10 +22,9 @@ from typing import Any
 import numpy as np
 import structlog
 
-from coeffd.daemon.checkpoint import CheckpointStore
 from coeffd.daemon.fleet import FleetPublisher
 from coeffd.daemon.learning.cadence import Publisher
-from coeffd.daemon.learning.checkpoints import Checkpointer, WriteHealth
+from coeffd.daemon.learning.checkpoints import Checkpointer, CheckpointStore, WriteHealth
 from coeffd.daemon.learning.configs import ConfigResolver
 from coeffd.daemon.learning.freshness import Freshness
 from coeffd.daemon.learning.metrics import SOURCES, ServeMetrics, describe_configuration
@@ -35,9 +34,9 @@ from coeffd.daemon.publish.snapshot import Snapshot
 from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.daemon.writer import Writer
 from coeffd.joiner import Joiner
+from coeffd.learners.estimates import Scored
 from coeffd.learners.features.config import ServingConfig
 from coeffd.learners.registry import LearnerRegistry
-from coeffd.learners.snapshots import Scored
 from coeffd.learners.targets import ALPHA_TARGETS
 from coeffd.receivers.otlp.decode import Decoder
 from coeffd.records.events import Record
@@ -366,7 +365,7 @@ class LearningConsumer:
             if ls is None:
                 continue
             drift = sum(m.drift.detections for m in ls.learners.values() if m.drift is not None)
-            alpha = self.registry.snapshot(cid).alpha
+            alpha = self.registry.estimate(cid).alpha
             rows.append(
                 {
                     "config": cid,

@@ -15,7 +15,9 @@ snapshots live on disk is :mod:`.store`; when a new one is worth publishing,
 from __future__ import annotations
 
 import functools
+import math
 import re
+import time
 from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
@@ -23,7 +25,9 @@ from typing import Any
 import msgspec
 import structlog
 
+from coeffd.learners.estimates import ConfigEstimate
 from coeffd.learners.features.basis import check_coeffs
+from coeffd.learners.steady import TERM_HINTS
 
 log = structlog.get_logger(__name__)
 
@@ -93,7 +97,7 @@ class ErrorStats(msgspec.Struct, frozen=True, kw_only=True):
     count: int = 0
 
 
-class DriftEvent(msgspec.Struct, frozen=True, kw_only=True):
+class DriftEntry(msgspec.Struct, frozen=True, kw_only=True):
     """One drift detection on a target's residuals (the learner reset or re-weighted)."""
 
     wall_ns: int
@@ -122,7 +126,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     kv_offload: dict[str, float] = msgspec.field(default_factory=dict)
     observations: dict[str, int] = msgspec.field(default_factory=dict)
     prequential: dict[str, dict[str, ErrorStats]] = msgspec.field(default_factory=dict)
-    drift: tuple[DriftEvent, ...] = ()
+    drift: tuple[DriftEntry, ...] = ()
     unidentified: tuple[str, ...] = ()
     coeffd_version: str = msgspec.field(default_factory=coeffd_version)
     #: Fleet snapshot only (``learners.fleet``): leave-one-configuration-out step-time
@@ -223,3 +227,67 @@ def validate_config_id(config_id: str) -> str:
     if not isinstance(config_id, str) or not CONFIG_ID_RE.match(config_id):
         raise InvalidConfigurationIdError(f"invalid configuration id {config_id!r}")
     return config_id
+
+
+# ------------------------------------------------- from the learners' estimate
+
+
+def _stats(summary: dict[str, Any], source: str) -> ErrorStats | None:
+    s = summary.get(source, {}).get("all")
+    if not s:
+        return None
+    mape, rmse = s.get("mape"), s.get("rmse")
+    return ErrorStats(
+        mape=float(mape) if mape is not None and math.isfinite(mape) else None,
+        rmse=float(rmse) if rmse is not None and math.isfinite(rmse) else None,
+        count=int(s.get("n", 0)),
+    )
+
+
+def to_snapshot(cs: ConfigEstimate, version: int, description: dict[str, Any]) -> Snapshot:
+    """A publishable :class:`Snapshot` from the registry's view of one configuration."""
+    v = cs.vectors
+
+    def named(name: str) -> dict[str, float]:
+        vec = v.get(name)
+        return {} if vec is None else dict(zip(vec.names, vec.values, strict=True))
+
+    kv: dict[str, float] = {}
+    for direction in ("store", "load"):
+        for k, val in named(f"kv_{direction}").items():
+            kv[f"{direction}_{'base_us' if k == 'one' else 'us_per_byte'}"] = val
+    prequential: dict[str, dict[str, ErrorStats]] = {}
+    for target, summary in cs.errors.items():
+        row = {s: st for s in ("learned", "blis_default") if (st := _stats(summary, s))}
+        if row:
+            prequential[target] = row
+    drift = tuple(
+        DriftEntry(
+            wall_ns=int(e.get("wall_ns", 0)),
+            target=name,
+            detector=str(e.get("detector", "")),
+            detail=", ".join(f"{k}={e[k]}" for k in sorted(e) if k not in ("wall_ns", "detector")),
+        )
+        for name, vec in sorted(v.items())
+        for e in vec.drift_history
+    )
+    unidentified = tuple(f"beta.{n}" for n in (v["beta"].unidentified if "beta" in v else ()))
+    sources = v["beta"].sources if "beta" in v else {}
+    return Snapshot(
+        configuration=ConfigurationRef(id=cs.config_id, labels=cs.labels, description=description),
+        version=version,
+        wall_ns=time.time_ns(),
+        alpha=tuple(cs.alpha),
+        beta=tuple(cs.beta),
+        extended=named("beta_extended"),
+        queue_wait=named("queue_wait"),
+        kv_offload=kv,
+        observations={name: vec.observations for name, vec in v.items()},
+        prequential=prequential,
+        drift=drift,
+        unidentified=unidentified,
+        estimate=v["beta"].estimate if "beta" in v else "",
+        step_time_rel_std=dict(cs.step_time_rel_std),
+        identification=dict(sources),
+        identify_with={n: TERM_HINTS[n] for n, src in sources.items() if src != "data"},
+    )

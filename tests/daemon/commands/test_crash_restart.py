@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from serve_support import Daemon, start_daemon, wait_quiet
 
-from coeffd.daemon.checkpoint import CheckpointStore
+from coeffd.daemon.learning.checkpoints import CheckpointStore
 from coeffd.daemon.publish.snapshot import decode_snapshot, validate_for_blis
 from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.simfleet import SampleRates, run, run_in_thread

@@ -8,7 +8,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from coeffd.daemon.checkpoint import CheckpointError, CheckpointStore, decode_state, encode_state
+from coeffd.daemon.learning.checkpoints import (
+    CheckpointError,
+    CheckpointStore,
+    decode_state,
+    encode_state,
+)
 
 
 def _state(scale: float = 1.0) -> dict[str, Any]:
@@ -138,7 +143,7 @@ def test_latest_is_never_missing_while_a_new_one_is_saved(
     """A kill -9 at any instant of ``save`` must find a good latest checkpoint on the next
     start (not fall back to the previous one): at every file operation of the save, the
     latest is there and decodes, and afterwards previous holds the one it replaced."""
-    import coeffd.daemon.checkpoint as ckmod
+    import coeffd.daemon.learning.checkpoints as ckmod
 
     store = CheckpointStore(tmp_path)
     store.save({"gen": 1})

@@ -1,4 +1,4 @@
-"""What the learners hand the publisher: scored predictions and coefficient snapshots.
+"""What the learners hand the publisher: scored predictions and coefficient estimates.
 
 Plain frozen dataclasses, so the daemon's publisher, metrics and the fleet model read a
 configuration's state without touching its learners (:mod:`learners.learnerset` builds
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ConfigSnapshot", "Scored", "VectorSnapshot"]
+__all__ = ["ConfigEstimate", "Scored", "VectorEstimate"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -29,7 +29,7 @@ class Scored:
 
 
 @dataclass(frozen=True)
-class VectorSnapshot:
+class VectorEstimate:
     """One learned vector. ``values`` is always publishable (finite, ≥ 0, full length)."""
 
     name: str
@@ -55,7 +55,7 @@ class VectorSnapshot:
 
 
 @dataclass(frozen=True)
-class ConfigSnapshot:
+class ConfigEstimate:
     """What the publisher needs for one configuration.
 
     ``alpha`` (3) and ``beta`` (11) are BLIS-ready: finite, non-negative, right length —
@@ -68,7 +68,7 @@ class ConfigSnapshot:
     labels: dict[str, str]
     alpha: tuple[float, ...]
     beta: tuple[float, ...]
-    vectors: dict[str, VectorSnapshot]
+    vectors: dict[str, VectorEstimate]
     observations: int
     version: int
     created_wall_ns: int
