@@ -8,7 +8,13 @@ attached, so any router can mount them and tests can call them directly:
 * ``GET /v1/coefficients/{id}/history`` - all retained versions, oldest first;
 * ``GET /v1/predict?model=…&gpu=…&tp=…`` - coefficients for a described configuration,
   its own or predicted by the fleet model, with source and expected error
-  (:mod:`daemon.predict`).
+  (:mod:`daemon.predict`);
+* ``GET /v1/statistics`` - this instance's learner statistics, for a query tier's merge
+  (:mod:`daemon.query.statistics`; 503 until the learners' thread has built them).
+
+Behind a query tier (:mod:`daemon.query.view`) every JSON answer about a configuration also
+says which instances contributed and when each was last seen (``instances``; the
+``X-Coeffd-Instances`` header carries the count in every format).
 
 Errors are JSON ``{"error": {"status": .., "message": ..}}``: 404 for an unknown
 configuration or version, 400 for a bad query, 405 for a non-GET method.
@@ -19,7 +25,7 @@ paths outside ``/v1/configurations`` and ``/v1/coefficients`` so a router can fa
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
@@ -37,6 +43,8 @@ from coeffd.daemon.publish.store import SnapshotStore
 JSON = "application/json"
 FORMATS = {"json": JSON, "flags": "text/plain; charset=utf-8", "yaml": "application/yaml"}
 Query = Mapping[str, Sequence[str]]
+#: configuration id (or ``fleet``) → the instances behind its answer (query tier only)
+Annotate = Callable[[str], list[dict[str, Any]] | None]
 
 
 class Response(NamedTuple):
@@ -98,23 +106,39 @@ def parse_version(raw: str) -> int:
     return version
 
 
-def list_configurations(store: SnapshotStore) -> Response:
+def list_configurations(store: SnapshotStore, annotate: Annotate | None = None) -> Response:
     """``GET /v1/configurations``."""
     out = []
     for cid in store.configurations():
         snap = store.latest(cid)
         if snap is None:
             continue
-        out.append(
-            {
-                "id": cid,
-                "labels": snap.configuration.labels,
-                "description": snap.configuration.description,
-                "latest_version": snap.version,
-                "wall_ns": snap.wall_ns,
-            }
-        )
+        entry = {
+            "id": cid,
+            "labels": snap.configuration.labels,
+            "description": snap.configuration.description,
+            "latest_version": snap.version,
+            "wall_ns": snap.wall_ns,
+        }
+        out.append(entry | _instances(annotate, cid))
     return _json(200, {"configurations": out})
+
+
+def _instances(annotate: Annotate | None, config_id: str) -> dict[str, Any]:
+    found = annotate(config_id) if annotate is not None else None
+    return {} if found is None else {"instances": found, "instance_count": len(found)}
+
+
+def _with_instances(resp: Response, annotate: Annotate | None, config_id: str) -> Response:
+    """Add the query tier's ``instances`` to a JSON answer and the count as a header."""
+    extra = _instances(annotate, config_id)
+    if not extra or resp.status != 200:
+        return resp
+    headers = [*resp.headers, ("X-Coeffd-Instances", str(extra["instance_count"]))]
+    if dict(resp.headers).get("Content-Type") != JSON:
+        return resp._replace(headers=headers)
+    body = orjson.dumps(orjson.loads(resp.body) | extra)
+    return Response(resp.status, headers, body)
 
 
 def get_coefficients(store: SnapshotStore, config_id: str, query: Query | None = None) -> Response:
@@ -174,7 +198,11 @@ def get_prediction(store: SnapshotStore, predictor: Predictor | None, query: Que
 
 
 def handle(
-    store: SnapshotStore, method: str, target: str, predictor: Predictor | None = None
+    store: SnapshotStore,
+    method: str,
+    target: str,
+    predictor: Predictor | None = None,
+    annotate: Annotate | None = None,
 ) -> Response | None:
     """Dispatch a raw request target (``/path?query``); None when the path isn't ours."""
     parts = urlsplit(target)
@@ -192,20 +220,37 @@ def handle(
         resp = error(405, f"method {method} not allowed")
         return resp._replace(headers=[*resp.headers, ("Allow", "GET, HEAD")])
     if route == "list":
-        return list_configurations(store)
+        return list_configurations(store, annotate)
     if route == "predict":
-        return get_prediction(store, predictor, query)
+        resp = get_prediction(store, predictor, query)
+        if annotate is None or resp.status != 200 or _single(query, "format") not in (None, "json"):
+            return resp
+        answer = orjson.loads(resp.body)
+        return _with_instances(
+            resp,
+            annotate,
+            answer["configuration"]["id"] if answer.get("source") == "configuration" else "fleet",
+        )
     segments = [unquote(s) for s in path[len("/v1/coefficients/") :].split("/")]
     if len(segments) == 1:
-        return get_coefficients(store, segments[0], query)
+        return _with_instances(get_coefficients(store, segments[0], query), annotate, segments[0])
     if len(segments) == 2 and segments[1] == "history":
         return get_history(store, segments[0])
     return error(404, f"no such resource {parts.path!r}")
 
 
-def mount(router: Router, store: SnapshotStore, predictor: Predictor | None = None) -> None:
+def mount(
+    router: Router,
+    store: SnapshotStore,
+    predictor: Predictor | None = None,
+    *,
+    annotate: Annotate | None = None,
+    statistics: Callable[[], bytes | None] | None = None,
+) -> None:
     """Serve the API from ``store`` on the daemon's router (GET and HEAD); ``predictor``
-    (the daemon's fleet model) answers ``/v1/predict`` for unseen configurations.
+    (the daemon's fleet model) answers ``/v1/predict`` for unseen configurations;
+    ``annotate`` (the query tier) names the instances behind each answer; ``statistics``
+    gives the newest ``/v1/statistics`` document (an instance that learns).
 
     ``/v1/configurations`` is an exact route and ``/v1/coefficients/`` a prefix route;
     both go through ``handle`` so routing rules live in one place.
@@ -213,13 +258,24 @@ def mount(router: Router, store: SnapshotStore, predictor: Predictor | None = No
 
     def endpoint(req: HttpRequest) -> HttpResponse:
         target = req.path + ("?" + urlencode(req.query, doseq=True) if req.query else "")
-        resp = handle(store, req.method, target, predictor) or error(
+        resp = handle(store, req.method, target, predictor, annotate) or error(
             404, f"no such resource {req.path!r}"
         )
         headers = dict(resp.headers)
         content_type = headers.pop("Content-Type", JSON)
         return HttpResponse(resp.status, resp.body, content_type, headers)
 
+    if statistics is not None:
+        get_statistics = statistics
+
+        def statistics_endpoint(req: HttpRequest) -> HttpResponse:
+            body = get_statistics()
+            if body is None:
+                r = error(503, "statistics not built yet; retry in a few seconds")
+                return HttpResponse(r.status, r.body, JSON, {"Retry-After": "5"})
+            return HttpResponse(200, body, JSON, {})
+
+        router.add_route("GET", "/v1/statistics", statistics_endpoint)
     router.add_route("GET", "/v1/configurations", endpoint)
     router.add_route("GET", "/v1/predict", endpoint)
     router.add_route("GET", "/v1/coefficients/", endpoint, prefix=True)

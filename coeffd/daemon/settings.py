@@ -45,6 +45,7 @@ from pydantic_settings import (
 
 from coeffd.base.endpoint import Endpoint, parse_endpoint
 from coeffd.base.security import AuthSettings, TlsSettings
+from coeffd.daemon.query.config import QuerySettings
 from coeffd.joiner.config import JoinerConfig
 from coeffd.learners.config import LearnersConfig
 from coeffd.learners.features.basis import BlisBasis
@@ -285,7 +286,9 @@ class Settings(BaseSettings):
     pipeline: PipelineSettings = Field(default_factory=PipelineSettings)
     #: ``sidecar``: one vLLM beside us; the OTLP and KV receivers default to localhost.
     #: ``standalone``: a shared service for a fleet; endpoints as configured.
-    mode: Literal["standalone", "sidecar"] = "standalone"
+    #: ``query``: no receivers, no learners: the merged view of ``query.peers`` (a query
+    #: tier over sidecars or fleet replicas, :mod:`coeffd.daemon.query.view`).
+    mode: Literal["standalone", "sidecar", "query"] = "standalone"
     kv: KVSettings = Field(default_factory=KVSettings)
     joiner: JoinerConfig = Field(default_factory=JoinerConfig)
     learners: LearnersConfig = Field(default_factory=LearnersConfig)
@@ -296,6 +299,8 @@ class Settings(BaseSettings):
     configuration: ConfigurationSettings | None = None
     #: Directories of models and GPUs that telemetry may name besides the bundled ones.
     catalog: CatalogSettings = Field(default_factory=CatalogSettings)
+    #: The query tier's peers and how it asks them (read in ``mode = query`` only).
+    query: QuerySettings = Field(default_factory=QuerySettings)
 
     @model_validator(mode="after")
     def _sidecar_binds_localhost(self) -> Settings:
@@ -313,6 +318,12 @@ class Settings(BaseSettings):
                 if "endpoint" not in section.model_fields_set:
                     _, port = parse_endpoint(section.endpoint)
                     object.__setattr__(section, "endpoint", f"127.0.0.1:{port}")
+        if self.mode == "query" and not self.query.peers:
+            raise InvalidSetting(
+                "query.peers",
+                "required with mode = query: give --peers http://HOST:9464,... or "
+                "dns+HEADLESS-SERVICE:9464",
+            )
         return self
 
     @classmethod
