@@ -8,7 +8,7 @@
    overheads × TP communication efficiency × a ±3 % idiosyncrasy, :mod:`simfleet.fleet_truth`)
    through the real decoder, joiner and per-configuration learners.
 2. **LOCO**: for every configuration, the step-time MAPE of the fleet vector fitted without
-   it (:mod:`learners.fleet`), beside BLIS's shipped vector and the true vector (the noise
+   it (:mod:`learners.fleet.model`), beside BLIS's shipped vector and the true vector (the noise
    floor) on the same rows — its most recent observed steps. Target: LOCO ≤ ½ of BLIS's
    defaults on every configuration.
 3. **Stated vs actual**: each configuration in turn is removed from the fleet altogether
@@ -79,13 +79,8 @@ from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.joiner import Joiner
 from coeffd.learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA, TERM_NAMES
 from coeffd.learners.features.config import ServingConfig
-from coeffd.learners.fleet import (
-    QUIRK,
-    FleetModel,
-    MemberStats,
-    member_stats,
-    relative_noise,
-)
+from coeffd.learners.fleet.members import QUIRK, MemberStats, member_stats, relative_noise
+from coeffd.learners.fleet.model import FleetModel
 from coeffd.learners.registry import LearnerRegistry
 from coeffd.receivers.otlp.decode import Decoder
 from coeffd.simfleet import SampleRates
@@ -263,7 +258,7 @@ def exact_members(
     for m in members:
         th = np.asarray(truth[m.key], dtype=float)
         rows_y = None if m.rows_x is None else m.rows_x @ th
-        # the learned noise stays the unit of its information (learners.fleet, "Quirks")
+        # the learned noise stays the unit of its information (learners.fleet.members, "Quirks")
         out.append(replace(m, beta_b=m.beta_a @ th, rows_y=rows_y, noise_var=relative_noise(m)))
     return out
 

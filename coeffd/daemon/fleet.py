@@ -29,7 +29,8 @@ from prometheus_client import CollectorRegistry, Gauge
 from coeffd.daemon.publish.policy import PublishPolicy
 from coeffd.daemon.publish.snapshot import ConfigurationRef, ErrorStats, Snapshot
 from coeffd.daemon.publish.store import SnapshotStore
-from coeffd.learners.fleet import FLEET_ID, FleetModel, FleetResult, Prediction
+from coeffd.learners.fleet.model import FleetModel
+from coeffd.learners.fleet.results import FLEET_ID, FleetResult, Prediction
 from coeffd.learners.registry import LearnerRegistry
 
 __all__ = ["FLEET_INTERVAL_S", "FleetPublisher", "fleet_snapshot"]

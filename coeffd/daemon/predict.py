@@ -36,7 +36,8 @@ from coeffd.daemon.publish.snapshot import ConfigurationRef, Snapshot, validate_
 from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA
 from coeffd.learners.features.config import ATTRIBUTE_PREFIX, ServingConfig, ServingConfigError
-from coeffd.learners.fleet import ERROR_BASES, FLEET_ID, Prediction
+from coeffd.learners.fleet.error import ERROR_BASES
+from coeffd.learners.fleet.results import FLEET_ID, Prediction
 
 __all__ = [
     "MAX_VALUE",

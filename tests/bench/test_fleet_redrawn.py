@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bench.fleet import shifted_members
-from coeffd.learners.fleet import MemberStats
+from coeffd.learners.fleet.members import MemberStats
 
 
 def _member(key: str, beta: np.ndarray, seed: int) -> MemberStats:

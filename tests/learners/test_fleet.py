@@ -17,7 +17,10 @@ from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.joiner import Joiner
 from coeffd.learners.config import LearnersConfig
 from coeffd.learners.features.config import ServingConfig
-from coeffd.learners.fleet import FLEET_ID, SOURCES, FleetModel, MemberStats, one_se_choice
+from coeffd.learners.fleet.error import relatives_error
+from coeffd.learners.fleet.members import MemberStats
+from coeffd.learners.fleet.model import SOURCES, FleetModel, one_se_choice
+from coeffd.learners.fleet.results import FLEET_ID
 from coeffd.learners.registry import LearnerRegistry
 from coeffd.receivers.otlp.decode import Decoder
 from coeffd.simfleet import SampleRates, run
@@ -86,8 +89,8 @@ def test_chatty_configuration_does_not_drown_the_rest(learned) -> None:
     )
     assert counted[loud.key] <= max(v for k, v in counted.items() if k != loud.key) * 1.000001
     # unweighted, the loud configuration would have pulled the fleet toward itself
-    a = fm._a0 + sum(m.beta_a for m in (chatty, *members[1:]))
-    b = fm._b0 + sum(m.beta_b for m in (chatty, *members[1:]))
+    a = fm.prior_a + sum(m.beta_a for m in (chatty, *members[1:]))
+    b = fm.prior_b + sum(m.beta_b for m in (chatty, *members[1:]))
     from coeffd.learners.nnls import nnls_information
 
     raw = nnls_information(a, b)
@@ -119,7 +122,7 @@ def test_a_configuration_after_drift_counts_little(learned) -> None:
     moved = _prediction_shift(without, fm2.fit_beta(), fm)
     assert moved < 0.05
     # At full weight it moves them several times as much, but no more than a quirk allows
-    # one configuration: without the quirk discount (learners.fleet, "Quirks") its ×3
+    # one configuration: without the quirk discount (learners.fleet.members, "Quirks") its ×3
     # would move them twice as far again.
     full = [MemberStats(m.key, m.description, m.beta_a, m.beta_b * 3, m.beta_n), *others]
     loud = _prediction_shift(without, FleetModel(full).fit_beta(), fm)
@@ -148,7 +151,7 @@ def test_prediction_for_unseen_configuration(learned) -> None:
     # the source with the lowest LOCO error on its relatives, or the factor model where
     # the relatives' paired LOCO differences put it within one standard error of that one
     kern = fm.kernel(desc.to_dict())
-    rel = {s: fm._relatives_error(s, kern) for s in SOURCES}
+    rel = {s: relatives_error(fm.result().loco, s, kern) for s in SOURCES}
     best = min(rel, key=lambda s: rel[s][0])  # type: ignore[index]
     assert p.detail["loco_best"] == best
     if p.source != best:
@@ -237,8 +240,8 @@ def test_vectorised_fits_equal_the_plain_sums(learned) -> None:
 
     keys = list(fm.members)
     mult = {k: 0.1 * (i + 1) for i, k in enumerate(keys[1:])}  # first left out
-    a = fm._a0 + sum(fm.weights[k] * f * fm.members[k].beta_a for k, f in mult.items())
-    b = fm._b0 + sum(fm.weights[k] * f * fm.members[k].beta_b for k, f in mult.items())
+    a = fm.prior_a + sum(fm.weights[k] * f * fm.members[k].beta_a for k, f in mult.items())
+    b = fm.prior_b + sum(fm.weights[k] * f * fm.members[k].beta_b for k, f in mult.items())
     np.testing.assert_allclose(fm.fit_beta(mult), nnls_information(a, b), rtol=1e-6, atol=1e-9)
     descs = [m.description for m in fm.members.values()]
     plain = np.array([[fm.similarity(x, y) for y in descs] for x in descs])

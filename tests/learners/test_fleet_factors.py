@@ -9,8 +9,9 @@ import pytest
 from coeffd.daemon.publish.snapshot import validate_for_blis
 from coeffd.learners.features import BLIS_DEFAULT_BETA, MODELS, BlisBasis, load_hardware
 from coeffd.learners.features.config import ServingConfig
-from coeffd.learners.fleet import SOURCES, FleetModel, MemberStats
-from coeffd.learners.fleet_factors import STRENGTHS
+from coeffd.learners.fleet.factors import STRENGTHS
+from coeffd.learners.fleet.members import MemberStats
+from coeffd.learners.fleet.model import SOURCES, FleetModel
 from coeffd.learners.targets import ALPHA_TARGETS
 from tests.support.synthetic_steps import synth_steps
 

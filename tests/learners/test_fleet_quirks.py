@@ -1,4 +1,4 @@
-"""The fleet model's quirk discount (``learners.fleet.discount_quirks``) on synthetic
+"""The fleet model's quirk discount (``learners.fleet.members.discount_quirks``) on synthetic
 fleets whose truth is ``test_fleet_factors``'s factor structure × a per-configuration
 quirk, each configuration held out in turn."""
 
@@ -7,7 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coeffd.learners.fleet import QUIRK, FleetModel, MemberStats, Prediction
+from coeffd.learners.fleet.members import QUIRK, MemberStats
+from coeffd.learners.fleet.model import FleetModel
+from coeffd.learners.fleet.results import Prediction
 from tests.learners.test_fleet_factors import HELD_OUT, KNOWN, member, true_beta
 
 CONFIGS = [*KNOWN, HELD_OUT]
@@ -76,6 +78,6 @@ def test_the_discount_only_removes_information() -> None:
     stats = [member(c, i)[0] for i, c in enumerate(KNOWN)]
     plain, discounted = FleetModel(stats, quirk=0.0), FleetModel(stats)
     # A − A(A + P)⁻¹A ⪯ A for every member, and strictly less in total
-    for a_plain, a_disc in zip(plain._wa, discounted._wa, strict=True):
+    for a_plain, a_disc in zip(plain.weighted_a, discounted.weighted_a, strict=True):
         assert np.linalg.eigvalsh(a_plain - a_disc).min() > -1e-9 * np.abs(a_plain).max()
         assert np.trace(a_disc) < np.trace(a_plain)

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from coeffd.learners.features.config import ServingConfig
-from coeffd.learners.fleet import ERROR_BASES, FleetModel, Prediction
+from coeffd.learners.fleet.error import ERROR_BASES
+from coeffd.learners.fleet.model import FleetModel
+from coeffd.learners.fleet.results import Prediction
 from tests.learners.test_fleet_factors import KNOWN, SIGMA, member
 from tests.learners.test_fleet_quirks import DRAWS
 from tests.learners.test_fleet_quirks import held_out as quirky_held_out

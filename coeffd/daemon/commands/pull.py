@@ -62,7 +62,7 @@ from coeffd.daemon.publish.defaults_schema import DefaultsYamlError
 from coeffd.daemon.publish.snapshot import InvalidCoefficientsError, Snapshot, decode_snapshot
 from coeffd.learners.features.catalog import resolve_model
 from coeffd.learners.features.model import ModelConfigError
-from coeffd.learners.fleet import FLEET_ID
+from coeffd.learners.fleet.results import FLEET_ID
 
 __all__ = [
     "DEFAULT_SERVER",

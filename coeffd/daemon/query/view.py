@@ -61,7 +61,9 @@ from coeffd.daemon.query.statistics import (
 )
 from coeffd.learners.config import LearnersConfig
 from coeffd.learners.features.config import BasisResolver, ServingConfig
-from coeffd.learners.fleet import FLEET_ID, FleetModel, Prediction, member_stats
+from coeffd.learners.fleet.members import member_stats
+from coeffd.learners.fleet.model import FleetModel
+from coeffd.learners.fleet.results import FLEET_ID, Prediction
 from coeffd.learners.merge import MergeError, merge_set_states
 from coeffd.learners.prior import PooledPrior
 from coeffd.learners.registry import LearnerRegistry

@@ -29,7 +29,10 @@ from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.learners.features import BLIS_DEFAULT_BETA, MODELS, BlisBasis, load_hardware
 from coeffd.learners.features.catalog import model_config
 from coeffd.learners.features.config import ServingConfig
-from coeffd.learners.fleet import ERROR_BASES, FLEET_ID, FleetModel, LocoError, MemberStats
+from coeffd.learners.fleet.error import ERROR_BASES
+from coeffd.learners.fleet.members import MemberStats
+from coeffd.learners.fleet.model import FleetModel
+from coeffd.learners.fleet.results import FLEET_ID, LocoError
 from coeffd.learners.registry import LearnerRegistry
 from tests.support.synthetic_steps import synth_steps
 

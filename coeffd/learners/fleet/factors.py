@@ -1,6 +1,6 @@
 """Factor model of a fleet: one shared vector plus per-level offsets of a few factors.
 
-Why. The fleet vector (:mod:`learners.fleet`) is one β for every configuration; the
+Why. The fleet vector (:mod:`learners.fleet.model`) is one β for every configuration; the
 similarity-weighted variants lean on the configurations most like a target. Neither can
 say "A100s are x % slower on the compute terms, TP-4 rings cost y % more per all-reduce,
 this model family has z % more per-layer overhead" *separately* and add the three up for
@@ -34,11 +34,10 @@ offset seen by ``m`` members keeps the share ``m c² / (m c² + strength)`` of w
 data say. Without the ridge a level seen once (the only DeepSeek in the fleet) would
 absorb that configuration's whole idiosyncrasy into "the DeepSeek offset"; with it, terms
 the level's few members barely excite stay at the shared value. ``strength`` is not
-tuned on any outcome: :class:`FactorFit` scores a few values (:data:`STRENGTHS`, a decade
-apart) by leave-one-configuration-out error and keeps the best (``bench fleet``: 0.1 for
-β; LOCO step-time MAPE 2.36 % there against 2.47 % at 0.01 and 2.44 % at 1). Picking the
-best of four makes its LOCO error slightly optimistic; a decade apart, the four are not
-fine enough to fit noise.
+tuned on any outcome: :class:`FactorCandidate` scores a few values (:data:`STRENGTHS`, a
+decade apart) by leave-one-configuration-out error and keeps the best (the fleet result's
+``factor_strengths``). Picking the best of four makes its LOCO error slightly optimistic;
+a decade apart, the four are not fine enough to fit noise.
 
 A description's levels that the fit has not seen contribute 0 (the shared vector and the
 known levels' offsets only): an H200 prediction is the fleet's H100/A100-average GPU
@@ -48,6 +47,12 @@ Leave one out without refitting: member ``k``'s contribution is ``S_kᵀ A_k S_k
 d), so with ``H = G⁻¹`` of the full system, ``Q = S_k H S_kᵀ`` and ``v = S_k φ − Q b_k``
 the push-through identity gives the left-out prediction
 ``θ₋ₖ = v + Q (I − A_k Q)⁻¹ A_k v`` — d×d algebra per member after one inverse.
+
+The fleet's candidate (:class:`FactorCandidate`, ``fleet_factors`` of a
+:class:`~learners.fleet.model.FleetModel`): :class:`FactorFit` on β and on each α target
+over the fleet model's weighted statistics and priors, each at its own strength by LOCO;
+an α target (an intercept per request, with no basis to carry the physics) comes from the
+similarity-weighted joint fit instead where that has the lower LOCO error.
 
 >>> import numpy as np
 >>> rng = np.random.default_rng(1)
@@ -64,18 +69,35 @@ the push-through identity gives the left-out prediction
 [1.0, 1.3]
 >>> round(float(fit.loco(0.001)[1][0]), 2)  # A100 left out: the other A100 still says 1.3
 1.3
+
+References
+----------
+Hoerl, A. E. and Kennard, R. W. (1970). Ridge regression: biased estimation for
+nonorthogonal problems. *Technometrics* 12(1), 55–67.
+
+Henderson, H. V. and Searle, S. R. (1981). On deriving the inverse of a sum of matrices.
+*SIAM Review* 23(1), 53–60 (the push-through and Woodbury identities).
 """
 
 from __future__ import annotations
 
+import math
 import re
+import statistics
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["FACTORS", "STRENGTHS", "FactorFit", "family_of", "levels_of"]
+from coeffd.learners.nnls import nnls_information
+from coeffd.learners.prior import prior_precision
+from coeffd.learners.targets import ALPHA_TARGETS
+
+if TYPE_CHECKING:
+    from coeffd.learners.fleet.model import FleetModel
+
+__all__ = ["FACTORS", "STRENGTHS", "FactorCandidate", "FactorFit", "family_of", "levels_of"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -84,7 +106,7 @@ FloatArray = npt.NDArray[np.float64]
 #: model), and model families do not mix architectures much (Qwen does: its offsets then
 #: average the two).
 FACTORS: tuple[str, ...] = ("gpu", "family", "tp")
-#: Ridge strengths scored by leave-one-configuration-out error (module docs): from
+#: Ridge strengths :class:`FactorCandidate` scores by leave-one-configuration-out error: from
 #: "offsets nearly free" to "offsets only where several members agree strongly".
 STRENGTHS: tuple[float, ...] = (0.001, 0.01, 0.1, 1.0)
 
@@ -297,3 +319,135 @@ class FactorFit:
             for j in blocks:
                 out += h[i * d : (i + 1) * d, j * d : (j + 1) * d]
         return out
+
+
+class FactorCandidate:
+    """The ``fleet_factors`` candidate of a :class:`~learners.fleet.model.FleetModel`:
+    :class:`FactorFit` on β and on each α target over the model's weighted statistics and
+    priors, each ridge strength the one of :data:`STRENGTHS` with the lowest
+    leave-one-configuration-out error (β: step-time MAPE on the members' rows, as the other
+    candidates are scored; α: relative error against each member's own estimate)."""
+
+    def __init__(self, fm: FleetModel) -> None:
+        self._fm = fm
+        self._row = {k: i for i, k in enumerate(fm.members)}
+        members = list(fm.members.values())
+        # the metric of the non-negative projection
+        self._info = fm.prior_a + fm.weighted_a.sum(axis=0)
+        self.beta_fit = FactorFit(
+            fm.weighted_a,
+            fm.weighted_b,
+            fm.descriptions,
+            prior_a=fm.prior_a,
+            prior_b=fm.prior_b,
+            scale=prior_precision(fm.default_beta, 1.0, fm.floor),
+            n_ref=_median_positive([m.beta_n for m in members]),
+        )
+        self.strengths: dict[str, float] = {}
+        self._loco: dict[str, FloatArray] = {}
+        best = math.inf
+        for lam in STRENGTHS:
+            loco = self.beta_fit.loco(lam)
+            preds, errs = {}, []
+            for k, m in fm.members.items():
+                preds[k] = self._project(loco[self._row[k]], k)
+                if m.rows_x is not None and m.rows_y is not None and len(m.rows_y) >= fm.min_rows:
+                    errs.append(float(np.mean(np.abs(m.rows_x @ preds[k] - m.rows_y) / m.rows_y)))
+            err = float(np.mean(errs)) if errs else math.inf
+            if err < best or "beta" not in self.strengths:
+                best, self.strengths["beta"], self._loco = err, lam, preds
+        self.alpha_fits = []
+        # Each α target comes from the factors or, where its LOCO error is lower, from the
+        # similarity-weighted joint fit (``fleet_local``'s α): an intercept per request has
+        # no basis to carry the physics, and the relatives may know it better than the
+        # additive levels.
+        kernel_alpha = {
+            k: fm.fit_alpha(fm.kernel(m.description, exclude=k)) for k, m in fm.members.items()
+        }
+        #: per α target: ``factors`` or ``kernel``
+        self.alpha_from: dict[str, str] = {}
+        for j, target in enumerate(ALPHA_TARGETS):
+            w = fm.alpha_weights[j]
+            a = np.array([[[w[m.key] * m.alpha_a[j]]] for m in members]).reshape(-1, 1, 1)
+            b = np.array([[w[m.key] * m.alpha_b[j]] for m in members]).reshape(-1, 1)
+            p = fm.alpha_prior[j : j + 1]
+            fit = FactorFit(
+                a,
+                b,
+                fm.descriptions,
+                prior_a=np.diag(p),
+                prior_b=p * fm.default_alpha[j : j + 1],
+                scale=prior_precision(fm.default_alpha[j : j + 1], 1.0, fm.floor),
+                n_ref=_median_positive([m.alpha_n[j] for m in members]),
+            )
+            own = [
+                (i, m.alpha_b[j] / m.alpha_a[j])
+                for i, m in enumerate(members)
+                if m.alpha_n[j] >= fm.min_rows and m.alpha_a[j] > 0 and m.alpha_b[j] > 0
+            ]
+            errs_by = {}
+            for lam in STRENGTHS if own else ():
+                loco = fit.loco(lam)[:, 0]
+                errs_by[lam] = float(np.mean([abs(loco[i] / v - 1.0) for i, v in own]))
+            self.strengths[target] = min(errs_by, key=lambda v: errs_by[v]) if errs_by else 0.1
+            self.alpha_fits.append(fit)
+            kernel_err = (
+                float(np.mean([abs(kernel_alpha[members[i].key][j] / v - 1.0) for i, v in own]))
+                if own
+                else math.inf
+            )
+            best = errs_by.get(self.strengths[target], math.inf)
+            self.alpha_from[target] = "kernel" if kernel_err < best else "factors"
+
+    def left_out(self, exclude: str | None) -> int | None:
+        """The fit's row of the member ``exclude`` names (None: none left out)."""
+        return self._row.get(exclude) if exclude is not None else None
+
+    def _project(self, theta: FloatArray, exclude: str | None) -> FloatArray:
+        """``theta`` if non-negative, else the nearest non-negative vector in the fleet's
+        information metric (the step times of the fleet's batches change least)."""
+        if not np.all(np.isfinite(theta)):
+            return self._fm.default_beta.copy()
+        if np.all(theta >= 0):
+            return theta
+        info = self._info
+        i = self.left_out(exclude)
+        if i is not None:
+            info = info - self._fm.weighted_a[i]
+        try:
+            out = nnls_information(info, info @ theta)
+        except (ValueError, np.linalg.LinAlgError):
+            return self._fm.default_beta.copy()
+        return self._fm.or_default(out)
+
+    def _phi(self, fit: FactorFit, strength: float, exclude: str | None) -> FloatArray:
+        i = self.left_out(exclude)
+        return fit.solve(strength) if i is None else fit.without(i, strength)
+
+    def beta(self, description: Mapping[str, Any], exclude: str | None = None) -> FloatArray:
+        """β for ``description`` (``exclude``: a member left out of the fit)."""
+        if exclude in self._loco and self._fm.member_row(description) == self._row[exclude]:
+            return self._loco[exclude].copy()  # a member left out and scored: precomputed
+        lam = self.strengths["beta"]
+        theta = self.beta_fit.predict(self._phi(self.beta_fit, lam, exclude), description)
+        return self._project(theta, exclude)
+
+    def alpha(self, description: Mapping[str, Any], exclude: str | None = None) -> FloatArray:
+        """α for ``description``: each target from its factors at their own strength, or
+        from the similarity-weighted joint fit where that has the lower LOCO error."""
+        out = np.empty(len(ALPHA_TARGETS))
+        kernel: FloatArray | None = None
+        for j, (fit, target) in enumerate(zip(self.alpha_fits, ALPHA_TARGETS, strict=True)):
+            if self.alpha_from.get(target) == "kernel":
+                if kernel is None:
+                    kernel = self._fm.fit_alpha(self._fm.kernel(description, exclude=exclude))
+                out[j] = kernel[j]
+                continue
+            v = float(fit.predict(self._phi(fit, self.strengths[target], exclude), description)[0])
+            out[j] = max(v, 0.0) if math.isfinite(v) else self._fm.default_alpha[j]
+        return out
+
+
+def _median_positive(values: Sequence[float]) -> float:
+    pos = [v for v in values if v > 0]
+    return statistics.median(pos) if pos else 1.0
