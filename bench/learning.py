@@ -97,7 +97,7 @@ def prequential(m: RLSRegressor | SteadyEstimator, s: SyntheticSteps) -> FloatAr
     pred = np.empty(len(s.y))
     if isinstance(m, SteadyEstimator):
         for i in range(len(s.y)):
-            pred[i] = m.learn_one_scored(s.x[i], float(s.y[i]))
+            pred[i] = m.learn_row_scored(s.x[i], float(s.y[i]))
         return pred
     for i in range(len(s.y)):
         pred[i] = s.x[i] @ m.nonnegative_coef()
@@ -118,8 +118,8 @@ def refit_predictions(s: SyntheticSteps, window: int, every: int) -> FloatArray:
     b = WindowedRefit(window, every, len(TERM_NAMES), initial=BLIS_DEFAULT_BETA)
     pred = np.empty(len(s.y))
     for i in range(len(s.y)):
-        pred[i] = b.predict_one(s.x[i])
-        b.learn_one(s.x[i], float(s.y[i]))
+        pred[i] = b.predict_row(s.x[i])
+        b.learn_row(s.x[i], float(s.y[i]))
     return pred
 
 

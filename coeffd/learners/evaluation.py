@@ -332,11 +332,26 @@ class WindowedRefit:
     """Batch baseline: NNLS on the last ``window`` rows, refitted every ``refit_every`` rows.
 
     Rows are weighted by ``1/y²`` so it minimises relative error, like the online learner.
+    It is fed feature rows as arrays (the step basis' column order), not River dicts:
+    :meth:`learn_row` / :meth:`predict_row`, or :meth:`learn_many_prequential`.
 
+    Parameters
+    ----------
+    window
+        Rows kept (the most recent).
+    refit_every
+        Learned rows between refits.
+    n_features
+        Columns of a row.
+    initial
+        Coefficients before the first refit (default zeros).
+
+    Examples
+    --------
     >>> m = WindowedRefit(window=50, refit_every=10, n_features=2)
     >>> for i in range(40):
-    ...     m.learn_one([float(i % 7 + 1), 1.0], 2.0 * (i % 7 + 1) + 5.0)
-    >>> round(m.predict_one([10.0, 1.0]), 6)
+    ...     m.learn_row([float(i % 7 + 1), 1.0], 2.0 * (i % 7 + 1) + 5.0)
+    >>> round(m.predict_row([10.0, 1.0]), 6)
     25.0
     """
 
@@ -355,7 +370,8 @@ class WindowedRefit:
             np.zeros(n_features) if initial is None else np.asarray(initial, dtype=float)
         )
 
-    def learn_one(self, x: Sequence[float] | FloatArray, y: float) -> None:
+    def learn_row(self, x: Sequence[float] | FloatArray, y: float) -> None:
+        """Learn one row (``n_features`` values); ``y`` not finite and positive: ignored."""
         if not (math.isfinite(y) and y > 0):
             return
         self._x.append(x)
@@ -377,7 +393,8 @@ class WindowedRefit:
         a += np.eye(len(b)) * 1e-12 * max(float(np.trace(a)), 1e-300)
         self.coef = nnls_information(a, b)
 
-    def predict_one(self, x: Sequence[float] | FloatArray) -> float:
+    def predict_row(self, x: Sequence[float] | FloatArray) -> float:
+        """Predict one row (``n_features`` values) with the last refit's coefficients."""
         return float(np.asarray(x, dtype=float) @ self.coef)
 
     def rows(self) -> tuple[FloatArray, FloatArray]:
@@ -386,9 +403,9 @@ class WindowedRefit:
         return self._x.values().astype(np.float64), self._y.values().astype(np.float64)
 
     def learn_many_prequential(self, X: FloatArray, y: FloatArray) -> FloatArray:
-        """Predict each row, then learn it: the same as ``predict_one`` and ``learn_one``
+        """Predict each row, then learn it: the same as ``predict_row`` and ``learn_row``
         row by row, a segment (up to the next refit) at a time. Rows whose ``y`` is not
-        finite and positive are predicted but not learned, as in ``learn_one``.
+        finite and positive are predicted but not learned, as in ``learn_row``.
 
         >>> import numpy as np
         >>> a, b = WindowedRefit(8, 3, 1), WindowedRefit(8, 3, 1)
@@ -396,7 +413,7 @@ class WindowedRefit:
         >>> p = a.learn_many_prequential(X, y)
         >>> q = []
         >>> for i in range(10):
-        ...     q.append(b.predict_one(X[i])); b.learn_one(X[i], float(y[i]))
+        ...     q.append(b.predict_row(X[i])); b.learn_row(X[i], float(y[i]))
         >>> bool(np.array_equal(p, q))
         True
         """

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -359,7 +359,7 @@ class LearnerSet:
                 # long memory in steady state as for β: α0 rows scatter ±50 % (the
                 # loop wait is only known in expectation), so ~2,000 rows of memory
                 # left α0 ±1 % — ±0.4 % of TTFT, α0 being ~40 % of it (bench closedloop)
-                learned = self.steady(target).learn_one({"one": 1.0}, float(y))
+                learned = self.steady(target).learn_one_prequential({"one": 1.0}, float(y))
             else:
                 learned = m.prediction_coef()[0]
                 m.learn_one({"one": 1.0}, float(y))
@@ -507,6 +507,30 @@ class LearnerSet:
             "steady": self._steady["beta"].state_dict() if "beta" in self._steady else {},
             "steady_alpha": {t: e.state_dict() for t, e in self._steady.items() if t != "beta"},
         }
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Resume what the set learned from :meth:`state_dict` output: learners, baseline,
+        counters and the published estimators' modes. Its configuration and priors are
+        the constructor's (:class:`~learners.registry.LearnerRegistry` builds the set from
+        the same state's)."""
+        self.learners = {}
+        for name, st in state["learners"].items():
+            m = RLSRegressor([])  # parameters and all come from its state
+            m.load_state(st)
+            self.learners[name] = m
+        self.baseline.coef = np.asarray(state["baseline"], dtype=float)
+        self.version = int(state["version"])
+        self.observations = int(state["observations"])
+        self.created_wall_ns = int(state["created_wall_ns"])
+        self.updated_wall_ns = int(state["updated_wall_ns"])
+        # absent in checkpoints from before it existed (then: decided afresh)
+        share, rows = state.get("exact_share", 0.0), state.get("exact_rows", 0)
+        if isinstance(share, int | float) and 0 <= share <= 1 and isinstance(rows, int):
+            self.exact_share, self.exact_rows = float(share), max(0, rows)
+        # the estimators are built on first use, on the restored learners
+        steady = {"beta": state.get("steady") or {}, **(state.get("steady_alpha") or {})}
+        self._steady = {}
+        self._steady_state = {t: dict(v) for t, v in steady.items() if v}
 
 
 def _publishable(v: FloatArray, n: int) -> bool:

@@ -28,8 +28,8 @@ learner differs is refused with :class:`MergeError` naming the key, never averag
 ...     return m
 >>> s1, s2 = [(1.0, 5.0), (2.0, 7.1)], [(3.0, 8.9), (4.0, 11.0)]
 >>> both = fed(s1 + s2)
->>> merged = RLSRegressor.from_state(merge_learner_states([fed(s1).state_dict(),
-...                                                        fed(s2).state_dict()]))
+>>> merged = RLSRegressor([])
+>>> merged.load_state(merge_learner_states([fed(s1).state_dict(), fed(s2).state_dict()]))
 >>> bool(np.allclose(merged.coef, both.coef, rtol=1e-12)), merged.n_learned
 (True, 4)
 """

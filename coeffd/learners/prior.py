@@ -212,6 +212,7 @@ class PooledPrior:
         )
 
     def state_dict(self) -> dict[str, Any]:
+        """The known configurations' vectors (and the defaults), as plain JSON-able values."""
         return {
             "default": self.default.tolist(),
             "known": {
@@ -226,6 +227,18 @@ class PooledPrior:
         }
 
     def load_state(self, state: Mapping[str, Any]) -> None:
+        """Add the known configurations of :meth:`state_dict` output (replacing entries of
+        the same key). The pool's parameters, its defaults included, are the
+        constructor's; a vector it would not pool (another length) is left out.
+
+        >>> from coeffd.learners.features import BLIS_DEFAULT_BETA
+        >>> pool = PooledPrior(BLIS_DEFAULT_BETA)
+        >>> pool.add({"model": "m", "gpu": "H100"}, [1.0] * 11, n_effective=500)
+        >>> back = PooledPrior(BLIS_DEFAULT_BETA)
+        >>> back.load_state(pool.state_dict())
+        >>> len(back), back.state_dict() == pool.state_dict()
+        (1, True)
+        """
         for k, v in state.get("known", {}).items():
             self.add(v["description"], v["coef"], v["identified"], v["n_effective"], key=k)
 

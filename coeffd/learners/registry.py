@@ -332,17 +332,5 @@ class LearnerRegistry:
             np.asarray(state["alpha_prior"]),
             tuple(state.get("prior_sources", ())),
         )
-        for name, st in state["learners"].items():
-            ls.learners[name] = RLSRegressor.from_state(st)
-        ls.baseline.coef = np.asarray(state["baseline"], dtype=float)
-        ls.version = int(state["version"])
-        ls.observations = int(state["observations"])
-        ls.created_wall_ns = int(state["created_wall_ns"])
-        ls.updated_wall_ns = int(state["updated_wall_ns"])
-        # absent in checkpoints from before it existed (then: decided afresh)
-        share, rows = state.get("exact_share", 0.0), state.get("exact_rows", 0)
-        if isinstance(share, int | float) and 0 <= share <= 1 and isinstance(rows, int):
-            ls.exact_share, ls.exact_rows = float(share), max(0, rows)
-        steady = {"beta": state.get("steady") or {}, **(state.get("steady_alpha") or {})}
-        ls._steady_state = {t: dict(v) for t, v in steady.items() if v}
+        ls.load_state(state)
         return ls

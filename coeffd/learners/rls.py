@@ -538,17 +538,29 @@ class RLSRegressor(base.Regressor):
             "drift": None if self.drift is None else self.drift.state_dict(),
         }
 
-    @classmethod
-    def from_state(
-        cls, state: Mapping[str, Any], drift: DriftMonitor | None = None
-    ) -> RLSRegressor:
-        """Rebuild a learner from :meth:`state_dict` output."""
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Resume exactly where :meth:`state_dict` left off.
+
+        The state carries the learner's parameters and its drift monitor (or that it had
+        none), which replace those it was constructed with: any learner can be loaded
+        into, e.g. ``RLSRegressor([])``.
+
+        >>> m = RLSRegressor(["a"], forgetting=0.99)
+        >>> m.learn_one({"a": 2.0}, 4.0)
+        >>> back = RLSRegressor([])
+        >>> back.load_state(m.state_dict())
+        >>> back.features, back.forgetting, back.n_learned, back.coef.round(3).tolist()
+        (['a'], 0.99, 1, [2.0])
+        """
         p = state["params"]
-        if drift is None and state.get("drift") is not None:
+        drift = None
+        if state.get("drift") is not None:
             from coeffd.learners.drift import DriftMonitor
 
-            drift = DriftMonitor.from_state(state["drift"])
-        m = cls(
+            drift = DriftMonitor()
+            drift.load_state(state["drift"])
+        RLSRegressor.__init__(
+            self,
             features=p["features"],
             forgetting=p["forgetting"],
             prior_mean=p["prior_mean"],
@@ -560,21 +572,20 @@ class RLSRegressor(base.Regressor):
             refresh_every=p["refresh_every"],
             drift=drift,
         )
-        m._a = np.array(state["a"], dtype=float)
-        m._b = np.array(state["b"], dtype=float)
-        m._decay = float(state["decay"])
-        m._n_eff = float(state["n_eff"])
-        m.n_learned = int(state["n_learned"])
-        m._folded = m.n_learned
-        m.n_rejected = int(state["n_rejected"])
-        m.n_downweighted = int(state["n_downweighted"])
-        m._since_refresh = int(state["since_refresh"])
-        m._theta_w = np.array(state["theta_w"], dtype=float)
-        m._sigma_w = state["sigma_w"]
-        m._sigma_ew = state["sigma_ew"]
-        m._fast_left = int(state["fast_left"])
-        m._fast_forgetting = float(state["fast_forgetting"])
-        return m
+        self._a = np.array(state["a"], dtype=float)
+        self._b = np.array(state["b"], dtype=float)
+        self._decay = float(state["decay"])
+        self._n_eff = float(state["n_eff"])
+        self.n_learned = int(state["n_learned"])
+        self._folded = self.n_learned
+        self.n_rejected = int(state["n_rejected"])
+        self.n_downweighted = int(state["n_downweighted"])
+        self._since_refresh = int(state["since_refresh"])
+        self._theta_w = np.array(state["theta_w"], dtype=float)
+        self._sigma_w = state["sigma_w"]
+        self._sigma_ew = state["sigma_ew"]
+        self._fast_left = int(state["fast_left"])
+        self._fast_forgetting = float(state["fast_forgetting"])
 
     def clone(
         self, new_params: dict[str, Any] | None = None, include_attributes: bool = False

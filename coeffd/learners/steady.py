@@ -60,14 +60,45 @@ _ERR_CLIP = 0.3  # a stalled step's relative error counts as 0.3 in the comparis
 class SteadyEstimator:
     """Fast tracker + long-memory learner of one target; see the module docstring.
 
-    ``fast`` carries the drift detector; ``slow`` may carry its own (it reacts to its own
-    alarms by the drift policy, and is inflated when the fast one alarms or when the
-    comparison says it lags). ``memory``: rows of the
-    exponentially weighted error comparison; ``margin``: how much worse (relative) the
-    long-memory estimate may be before it is taken to lag; ``bias_z``: how many standard
-    errors its mean signed residual may be off zero; ``hold``: rows of re-learning
-    before it is published again; ``keep``/``fast_forgetting``/``fast_for``: the
-    long-memory learner's reaction (the drift policy's values).
+    Parameters
+    ----------
+    fast
+        The fast tracker; carries the drift detector.
+    slow
+        The long-memory learner; may carry a detector of its own (it reacts to its own
+        alarms by the drift policy, and is inflated when the fast one alarms or when the
+        comparison says it lags).
+    memory
+        Rows of the exponentially weighted error comparison.
+    margin
+        How much worse (relative) the long-memory estimate may be before it is taken to
+        lag.
+    hold
+        Rows of re-learning before the long-memory estimate is published again.
+    bias_z
+        How many standard errors its mean signed residual may be off zero.
+    keep, fast_forgetting, fast_for
+        The long-memory learner's reaction (the drift policy's values).
+
+    Examples
+    --------
+    One observation at a time (River dicts), the way the α targets learn:
+
+    >>> mk = lambda lam: RLSRegressor(["one"], forgetting=lam, prior_mean=[1.0],
+    ...                               prior_precision=1e-6, weighting="relative")
+    >>> est = SteadyEstimator(mk(0.98), mk(0.9995))
+    >>> for _ in range(500):
+    ...     _ = est.learn_one_prequential({"one": 1.0}, 40.0)
+    >>> est.mode, round(est.learn_one_prequential({"one": 1.0}, 40.0), 2)
+    ('steady', 40.0)
+
+    Its state (the learners checkpoint themselves) loads into an estimator of the same
+    learners:
+
+    >>> back = SteadyEstimator(est.fast, est.slow)
+    >>> back.load_state(est.state_dict())
+    >>> back.state_dict() == est.state_dict()
+    True
     """
 
     def __init__(
@@ -134,10 +165,11 @@ class SteadyEstimator:
             i = seg.stop
         return out
 
-    def learn_one(self, x: Mapping[str, float], y: float) -> float:
-        """One row by each learner's hot path (:meth:`RLSRegressor.learn_one`), predicted
-        as of its last fold; returns the published estimate's prediction. For learners
-        fed one observation at a time (the α targets, one row per request)."""
+    def learn_one_prequential(self, x: Mapping[str, float], y: float) -> float:
+        """Predict one row (a River dict) with the published estimate as of each
+        learner's last fold (:meth:`RLSRegressor.predict_prequential`), then learn it by
+        each learner's hot path (:meth:`RLSRegressor.learn_one`); returns the prediction.
+        For learners fed one observation at a time (the α targets, one row per request)."""
         pf = self.fast.predict_prequential(x)
         ps = self.slow.predict_prequential(x)
         out = ps if self.mode == STEADY else pf
@@ -146,10 +178,11 @@ class SteadyEstimator:
         self._compare_rows([y], [pf], [ps])
         return out
 
-    def learn_one_scored(self, x: FloatArray, y: float) -> float:
-        """One row, predicted with each learner's current (freshly folded) non-negative
-        coefficients rather than those of its last fold: slower, the way ``bench
-        learning`` scores a learner. Returns the published estimate's prediction."""
+    def learn_row_scored(self, x: FloatArray, y: float) -> float:
+        """One row as a 1-D array (``features`` order), predicted with each
+        learner's current (freshly folded) non-negative coefficients rather than those of
+        its last fold: slower, the way ``bench learning`` scores a learner. Returns the
+        published estimate's prediction."""
         pf = float(x @ self.fast.nonnegative_coef())
         ps = float(x @ self.slow.nonnegative_coef())
         out = ps if self.mode == STEADY else pf
@@ -224,6 +257,8 @@ class SteadyEstimator:
         }
 
     def load_state(self, state: Mapping[str, Any]) -> None:
+        """Resume the mode and comparison from :meth:`state_dict` output (into an
+        estimator built on the restored learners)."""
         self.mode = str(state.get("mode", STEADY))
         self.switches = int(state.get("switches", 0))
         ef, es = state.get("err_fast"), state.get("err_slow")

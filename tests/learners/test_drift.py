@@ -75,7 +75,8 @@ def test_monitor_state_round_trip() -> None:
     mon = DriftMonitor(keep=0.05, fast_for=10)
     mon.detections = 2
     mon.history = []
-    back = DriftMonitor.from_state(mon.state_dict())
+    back = DriftMonitor()
+    back.load_state(mon.state_dict())
     assert back.state_dict() == mon.state_dict()
     with pytest.raises(ValueError):
         DriftMonitor("nope")  # type: ignore[arg-type]

@@ -47,7 +47,7 @@ def test_windowed_refit_tracks_a_change() -> None:
     for i in range(400):
         x = np.array([rng.uniform(1, 5), 1.0])
         theta = (2.0, 3.0) if i < 200 else (4.0, 1.0)
-        m.learn_one(x, float(x @ np.array(theta)))
+        m.learn_row(x, float(x @ np.array(theta)))
     np.testing.assert_allclose(m.coef, [4.0, 1.0], rtol=1e-6)
     assert np.all(m.coef >= 0)
 
