@@ -96,7 +96,7 @@ class LearnersConfig(BaseModel):
     # the weak prior still decides only what the data cannot; pinning a collinear pair's
     # weak direction to BLIS's zero default biased its partner 20 % in tests).
     identify_pin: bool = False
-    # The fleet model's trust in any one configuration (learners.fleet, "Quirks"): how far
+    # The fleet model's trust in any one configuration (learners.fleet.members, "Quirks"): how far
     # a configuration's true coefficients stray, relative to each, from the fleet's shared
     # structure. 0: every member's information at face value.
     fleet_quirk: float = Field(default=0.02, ge=0.0, le=0.5)

@@ -144,7 +144,7 @@ class LearnerSet:
         twin, its estimator's :attr:`SteadyEstimator.published` (the twin in steady state,
         the fast tracker while it tracks a change; its mode restored from a checkpoint),
         else the fast tracker. The one place the snapshot, its error bars and the fleet
-        model (``learners.fleet.member_stats``) decide it."""
+        model (``learners.fleet.members.member_stats``) decide it."""
         fast = self.learners.get(target)
         if (
             fast is None

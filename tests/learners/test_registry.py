@@ -241,7 +241,7 @@ def test_the_published_learner_is_the_long_memory_twin_in_steady_state_and_after
     reg, cfg = _learned(300)
     ls = reg.get(cfg.id)
     assert ls is not None and ls.steady().mode == "steady"
-    # what the fleet model reads (learners.fleet.member_stats): the published estimate's
+    # what the fleet model reads (learners.fleet.members.member_stats): the published estimate's
     # learner, with all 300 steps' memory, not the fast tracker's ~90
     assert ls.published_learner("beta") is ls.learners["beta_steady"]
     assert ls.learners["beta_steady"].n_effective > 2 * ls.learners["beta"].n_effective
