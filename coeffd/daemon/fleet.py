@@ -1,7 +1,7 @@
 """The fleet snapshot and predictions for described configurations, in the daemon.
 
 :class:`FleetPublisher` runs on the pipeline worker (the learners' thread): every
-``interval_s`` it rebuilds the :class:`~learners.fleet.FleetModel` from the registry's live
+``interval_s`` it rebuilds the :class:`~learners.fleet.model.FleetModel` from the registry's live
 learner sets, publishes the fleet vector as snapshot ``fleet`` through the same store and
 writer as every configuration (same BLIS validation: a vector BLIS would refuse is never
 published), with its leave-one-configuration-out errors in the snapshot (``loco``) and as
