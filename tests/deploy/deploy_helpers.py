@@ -63,8 +63,18 @@ def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [d for d in docs if d["kind"] == kind]
 
 
-def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    found = by_kind(docs, kind)
+def component(doc: dict[str, Any]) -> str | None:
+    """``app.kubernetes.io/component`` of an object: ``query`` for the query tier's,
+    ``peers`` for sidecar mode's peers Service, None for the learners' (fleet/sidecar)."""
+    labels = doc.get("metadata", {}).get("labels") or {}
+    value = labels.get("app.kubernetes.io/component")
+    return str(value) if value is not None else None
+
+
+def one(docs: list[dict[str, Any]], kind: str, of: str | None = None) -> dict[str, Any]:
+    """The one ``kind`` object of component ``of`` (default: the learners' objects, so a
+    query tier rendered beside them does not make "the StatefulSet" ambiguous)."""
+    found = [d for d in by_kind(docs, kind) if component(d) == of]
     assert len(found) == 1, f"expected one {kind}, got {[d['metadata']['name'] for d in found]}"
     return found[0]
 
@@ -97,9 +107,14 @@ def wrapper_chart(dest: Path) -> Path:
     return out
 
 
-def config_toml(docs: list[dict[str, Any]]) -> str:
-    """The config.toml of the (only) coeffd ConfigMap."""
-    cms = [d for d in by_kind(docs, "ConfigMap") if "config.toml" in d.get("data", {})]
+def config_toml(docs: list[dict[str, Any]], of: str | None = None) -> str:
+    """The config.toml of the (only) coeffd ConfigMap of component ``of`` (default: the
+    learners'; ``"query"``: the query tier's)."""
+    cms = [
+        d
+        for d in by_kind(docs, "ConfigMap")
+        if "config.toml" in d.get("data", {}) and component(d) == of
+    ]
     assert len(cms) == 1
     text: str = cms[0]["data"]["config.toml"]
     return text

@@ -16,6 +16,7 @@ from deploy_helpers import (
     DEPLOY,
     K8S_VERSIONS,
     by_kind,
+    component,
     config_toml,
     lint,
     manifests,
@@ -53,6 +54,7 @@ FLEET_VARIANTS: dict[str, dict[str, Any]] = {
             "persistence": {"enabled": False},
             "podDisruptionBudget": {"enabled": False},
         },
+        "query": {"enabled": False},
         "serviceAccount": {"create": False},
         "networkPolicy": {"enabled": False},
     },
@@ -139,7 +141,8 @@ def test_fleet_manifests_validate(variant: str, version: str) -> None:
 
 def test_fleet_mode_objects() -> None:
     docs = manifests(render(CHART, FLEET_VARIANTS["fleet-all-on"]))
-    kinds = sorted(d["kind"] for d in docs)
+    # the query tier's objects (component query) are checked in test_deploy_query.py
+    kinds = sorted(d["kind"] for d in docs if component(d) is None)
     assert kinds == [
         "ConfigMap",
         "NetworkPolicy",
@@ -168,7 +171,7 @@ def test_fleet_mode_objects() -> None:
     _assert_writable_dirs_mounted(c, config_toml(docs))
     assert "checksum/config" in sts["spec"]["template"]["metadata"]["annotations"]
 
-    services = {s["metadata"]["name"]: s for s in by_kind(docs, "Service")}
+    services = {s["metadata"]["name"]: s for s in by_kind(docs, "Service") if component(s) is None}
     main, headless = services["coeffd"], services["coeffd-headless"]
     assert {p["name"]: p["port"] for p in main["spec"]["ports"]} == {
         "otlp-grpc": 4317,
@@ -233,9 +236,14 @@ def test_collector_routes_to_the_charts_headless_service() -> None:
 
 
 def test_sidecar_mode_chart_renders_only_the_configmap() -> None:
-    rendered = render(CHART, SIDECAR_VALUES, name="llama")
+    """Of the learners' objects, sidecar mode renders only the ConfigMap (the vLLM chart
+    renders the rest); with query.enabled=false nothing else at all."""
+    rendered = render(CHART, {**SIDECAR_VALUES, "query": {"enabled": False}}, name="llama")
     docs = manifests(rendered)
     assert [(d["kind"], d["metadata"]["name"]) for d in docs] == [("ConfigMap", "llama-coeffd")]
+    with_query = manifests(render(CHART, SIDECAR_VALUES, name="llama"))
+    learners = [(d["kind"], d["metadata"]["name"]) for d in with_query if component(d) is None]
+    assert learners == [("ConfigMap", "llama-coeffd"), ("ServiceAccount", "llama-coeffd")]
     for doc in docs:
         for version in K8S_VERSIONS:
             validate_k8s(doc, version)
@@ -262,7 +270,8 @@ def test_sidecar_wrapper_chart(wrapper: Path, native: bool) -> None:
     for doc in docs:
         for version in K8S_VERSIONS:
             validate_k8s(doc, version)
-    assert sorted(d["kind"] for d in docs) == ["ConfigMap", "Deployment"]
+    kinds = sorted(d["kind"] for d in docs if component(d) is None)
+    assert kinds == ["ConfigMap", "Deployment", "ServiceAccount"]  # SA: the query tier's
     pod = _pod_spec(one(docs, "Deployment"))
     sidecar = _container(pod, "coeffd")
     _assert_hardened(sidecar)

@@ -95,7 +95,8 @@ def test_values_document_every_setting() -> None:
             assert daemon_flat[key] == value, key
     # Left to the daemon on purpose: tuning sections (values.yaml says how to override),
     # the mode (derived from the chart's mode) and the sidecar identity (no default).
-    delegated = {"joiner", "learners", "mode", "configuration"}
+    # [query] is the query tier's, from values `query.settings` (test_deploy_query.py).
+    delegated = {"joiner", "learners", "mode", "configuration", "query"}
     unlisted = sorted(
         ".".join(k) for k in set(daemon_flat) - set(chart_flat) if k[0] not in delegated
     )

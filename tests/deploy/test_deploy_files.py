@@ -275,3 +275,53 @@ def test_dashboard_is_valid_grafana_json() -> None:
         g = p["gridPos"]
         assert g["x"] >= 0 and g["x"] + g["w"] <= 24
         assert p["targets"] and all(t["expr"] for t in p["targets"])
+
+
+def _anchors(markdown: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    out = set()
+    for line in markdown.splitlines():
+        if line.startswith("#"):
+            text = line.lstrip("#").strip().lower()
+            out.add(re.sub(r"[^\w\- ]", "", text).replace(" ", "-"))
+    return out
+
+
+def _rules() -> list[dict[str, Any]]:
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "coeffd-alerts.yaml").read_text())
+    return [r for g in rules["groups"] for r in g["rules"]]
+
+
+def test_alert_runbooks_point_at_sections_of_this_repository() -> None:
+    with_runbook = {}
+    for r in _rules():
+        url = r["annotations"].get("runbook_url")
+        if url is None:
+            continue
+        path, _, anchor = url.partition("#")
+        doc = REPO / path
+        assert doc.is_file(), f"{r['alert']}: {path} is not a file of the repository"
+        assert anchor in _anchors(doc.read_text()), f"{r['alert']}: no section #{anchor}"
+        with_runbook[r["alert"]] = url
+    assert {"CoeffdQueryPeersStale", "CoeffdQueryPeerErrors", "CoeffdQueryNoPeers"} <= set(
+        with_runbook
+    )
+
+
+def test_query_tier_alerts_and_dashboard_row() -> None:
+    rules = {r["alert"]: r for r in _rules()}
+    assert rules["CoeffdQueryPeersStale"]["expr"] == 'coeffd_query_peers{state="stale"} > 0'
+    assert rules["CoeffdQueryPeersStale"]["for"] == "15m"
+    assert "rate(coeffd_query_peer_errors_total" in rules["CoeffdQueryPeerErrors"]["expr"]
+    dash = json.loads((DEPLOY / "grafana" / "coeffd-dashboard.json").read_text())
+    rows = [p["title"] for p in dash["panels"] if p["type"] == "row"]
+    assert "Query tier" in rows
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p.get("targets", []))
+    for family in (
+        "coeffd_query_peers",
+        "coeffd_query_peer_errors_total",
+        "coeffd_query_peer_configurations",
+        "coeffd_query_merge_duration_seconds_bucket",
+        "coeffd_query_configuration_instances",
+    ):
+        assert family in exprs, family

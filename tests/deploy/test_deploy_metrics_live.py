@@ -13,6 +13,10 @@ Two paths (the test reports which one ran, as a warning and a junit property):
 * **live + contract** — before the learner/publisher are wired into ``serve``, names the
   scrape lacks must at least be in CONTRIBUTING.md's contract table, and every name the
   scrape has must be exported with the contract's type.
+
+The query tier's families (``coeffd_query_*``) come from the registry of the view a
+``mode = "query"`` daemon runs, built from the chart's query config.toml and refreshed
+against the live daemon, and are parsed with the scrape.
 """
 
 from __future__ import annotations
@@ -46,7 +50,12 @@ from deploy_helpers import (
     render,
     sample_names,
 )
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+
+from coeffd.daemon.publish.store import SnapshotStore
+from coeffd.daemon.query.view import FleetView
+from coeffd.daemon.settings import load_settings
 
 #: Families that exist only once a configuration has been learned and published.
 LEARNED = {"coeffd_coefficient_value", "coeffd_prediction_mape"}
@@ -151,7 +160,8 @@ def _readiness_path(docs: list[dict[str, Any]]) -> str:
     def walk(node: Any) -> None:
         if isinstance(node, dict):
             probe = node.get("readinessProbe")
-            if str(node.get("name", "")).startswith("coeffd") and isinstance(probe, dict):
+            # the learners' container (the query tier's is "coeffd-query")
+            if node.get("name") == "coeffd" and isinstance(probe, dict):
                 found.append(probe["httpGet"]["path"])
             for v in node.values():
                 walk(v)
@@ -200,6 +210,28 @@ def _daemon(values: dict[str, Any], work: Path) -> Iterator[tuple[subprocess.Pop
                 proc.wait()
 
 
+def _query_tier_metrics(values: dict[str, Any], base: str, work: Path) -> str:
+    """The query tier's own families (coeffd_query_*), from the registry of the view
+    `serve` runs in mode = "query" (daemon/query/view.py), built from the query tier's
+    config.toml the chart renders for the same values and refreshed once against the
+    live daemon (its only peer here)."""
+    settings = load_settings(
+        config=_write(work / "query.toml", config_toml(manifests(render(CHART, values)), "query")),
+        overrides={"query": {"peers": base}},
+        environ={},
+    )
+    assert settings.mode == "query"
+    registry = CollectorRegistry()
+    store = SnapshotStore(work / "query-snapshots", registry=CollectorRegistry())
+    FleetView(settings.query, settings.learners, store, metrics=registry).refresh()
+    return "\n" + generate_latest(registry).decode()
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
 @pytest.fixture(scope="module")
 def scrape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Scrape, str]]:
     grpc, http_otlp, http, kv = _free_ports(4)
@@ -215,7 +247,8 @@ def scrape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Scrape, s
             "kv": {"endpoints": [f"tcp://127.0.0.1:{kv}"], "bind": True},
         }
     }
-    with _daemon(values, tmp_path_factory.mktemp("fleet")) as (proc, base):
+    work = tmp_path_factory.mktemp("fleet")
+    with _daemon(values, work) as (proc, base):
         path = "live + contract (no simfleet command)"
         if _cli_has("simfleet"):
             _simfleet(grpc, kv)
@@ -232,7 +265,7 @@ def scrape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Scrape, s
             path = "live-only (simfleet fed)" if learned else "live + contract (simfleet fed)"
         status, text = _get(base + "/metrics")
         assert status == 200
-        yield Scrape(text), path
+        yield Scrape(text + _query_tier_metrics(values, base, work)), path
 
 
 def test_sidecar_configmap_boots_the_daemon_with_its_identity(

@@ -16,6 +16,7 @@ from deploy_helpers import (
     CHART,
     DEPLOY,
     K8S_VERSIONS,
+    component,
     config_toml,
     lint,
     manifests,
@@ -28,6 +29,13 @@ from test_deploy_chart import SIDECAR_VALUES
 
 from coeffd.daemon.settings import load_settings
 from tests.receivers.tls_certs import make_certs
+
+#: The query tier's pods (templates/_helpers.tpl, "coeffd.query.selectorLabels").
+QUERY_SELECTOR = {
+    "app.kubernetes.io/name": "coeffd-query",
+    "app.kubernetes.io/instance": "coeffd",
+    "app.kubernetes.io/component": "query",
+}
 
 SECURED: dict[str, Any] = {
     "security": {
@@ -133,13 +141,21 @@ def test_network_policy_admits_only_the_configured_peers() -> None:
         "namespaceSelector": {},
         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
     }
-    assert by_ports[(9464,)] == [prometheus, *SECURED["networkPolicy"]["api"]]
+    query_tier = {"podSelector": {"matchLabels": QUERY_SELECTOR}}
+    assert by_ports[(9464,)] == [prometheus, *SECURED["networkPolicy"]["api"], query_tier]
     assert len(rules) == 2
 
     closed = {"networkPolicy": {"receivers": [], "metrics": [], "api": []}}
     np = one(manifests(render(CHART, closed)), "NetworkPolicy")
-    assert not np["spec"].get("ingress")  # allow-list with nothing on it: deny all ingress
-    assert all(d["kind"] != "NetworkPolicy" for d in manifests(render(CHART, SIDECAR_VALUES)))
+    # allow-lists with nothing on them: only the query tier reaches the API port
+    assert np["spec"]["ingress"] == [
+        {"from": [query_tier], "ports": [{"protocol": "TCP", "port": 9464}]}
+    ]
+    np = one(manifests(render(CHART, {**closed, "query": {"enabled": False}})), "NetworkPolicy")
+    assert not np["spec"].get("ingress")  # deny all ingress
+    # sidecar mode: the vLLM chart owns its pods' policy; only the query tier's is rendered
+    sidecar = manifests(render(CHART, SIDECAR_VALUES))
+    assert [component(d) for d in sidecar if d["kind"] == "NetworkPolicy"] == ["query"]
 
 
 def test_rendered_config_loads_against_secrets_laid_out_as_mounted(tmp_path: Path) -> None:

@@ -68,3 +68,51 @@ templates with its own root: then it is the "coeffd" subchart's.
 {{- define "coeffd.headlessName" -}}
 {{- printf "%s-headless" (include "coeffd.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
+
+{{/*
+=== The query tier (query.enabled) ===
+Its own app.kubernetes.io/name ("<name>-query"), so the fleet's selectors (Service,
+headless Service, PDB, NetworkPolicy: name + instance) never match a query pod, and the
+query tier never resolves itself as a peer.
+*/}}
+{{- define "coeffd.queryName" -}}
+{{- printf "%s-query" (include "coeffd.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "coeffd.query.selectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-query" (include "coeffd.name" .) | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: query
+{{- end -}}
+
+{{- define "coeffd.query.labels" -}}
+{{ include "coeffd.query.selectorLabels" . }}
+{{- $chart := include "coeffd.chart" . | fromJson }}
+helm.sh/chart: {{ printf "%s-%s" $chart.name $chart.version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/version: {{ include "coeffd.imageTag" . | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: coeffd
+{{- end -}}
+
+{{/* Sidecar mode: the headless Service over the vLLM pods' coeffd API port. */}}
+{{- define "coeffd.peersName" -}}
+{{- printf "%s-peers" (include "coeffd.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+Labels the vLLM chart puts on its pod template (sidecar mode) so that the query tier's
+peers Service and the optional PodMonitor find the pods that carry a coeffd sidecar:
+
+    template:
+      metadata:
+        labels:
+          {{- include "coeffd.sidecarPodLabels" (dict "root" $ "values" .Values.coeffd) | nindent 8 }}
+*/}}
+{{- define "coeffd.sidecarPodLabels" -}}
+coeffd/sidecar: {{ include "coeffd.fullname" . }}
+{{- end -}}
+
+{{/* matchLabels of the pods with a coeffd sidecar: sidecar.podSelector, else the above. */}}
+{{- define "coeffd.sidecarSelector" -}}
+{{- with .values.sidecar.podSelector }}{{ toYaml . }}{{ else }}{{ include "coeffd.sidecarPodLabels" . }}{{ end -}}
+{{- end -}}

@@ -54,3 +54,27 @@ they live.
 {{- $s := include "coeffd.effectiveSettings" . | fromYaml -}}
 {{- ternary "HTTPS" "HTTP" (not (empty (($s.http.tls | default dict).cert_file))) -}}
 {{- end -}}
+
+{{/*
+A scrape endpoint's scheme, tlsConfig and bearer (ServiceMonitor / PodMonitor): https
+with the given tlsConfig when the http listener serves TLS; the token Secret when
+/metrics is not public. Call with (dict "root" $ "values" .Values "tlsConfig" ...).
+*/}}
+{{- define "coeffd.scrapeSecurity" -}}
+{{- if eq (include "coeffd.httpScheme" .) "HTTPS" }}
+scheme: https
+{{- with .tlsConfig }}
+tlsConfig:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+{{- $s := include "coeffd.effectiveSettings" . | fromYaml }}
+{{- $tok := (.values.security | default dict).token | default dict }}
+{{- if and (not $s.http.metrics_public) $tok.secretName (has "http" $tok.listeners) }}
+authorization:
+  type: Bearer
+  credentials:
+    name: {{ $tok.secretName }}
+    key: {{ $tok.key }}
+{{- end }}
+{{- end -}}

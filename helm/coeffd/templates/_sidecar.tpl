@@ -21,7 +21,6 @@ the tracing and KV-event flags pointed at the sidecar on localhost.
 
 {{- define "coeffd.container" -}}
 {{- $v := .values -}}
-{{- $sec := $v.security | default dict -}}
 {{- $scheme := include "coeffd.httpScheme" . -}}
 - name: coeffd
   image: {{ include "coeffd.image" . | quote }}
@@ -71,23 +70,29 @@ the tracing and KV-event flags pointed at the sidecar on localhost.
   securityContext:
     {{- toYaml $v.securityContext | nindent 4 }}
   volumeMounts:
-    - name: coeffd-config
-      mountPath: /etc/coeffd
-      readOnly: true
-    - name: coeffd-data
-      mountPath: {{ include "coeffd.dataDir" . }}
-    - name: coeffd-tmp
-      mountPath: /tmp
-    {{- with ($sec.tls | default dict) }}{{ if .secretName }}
-    - name: coeffd-tls
-      mountPath: {{ .mountPath }}
-      readOnly: true
-    {{- end }}{{ end }}
-    {{- with ($sec.token | default dict) }}{{ if .secretName }}
-    - name: coeffd-token
-      mountPath: {{ .mountPath }}
-      readOnly: true
-    {{- end }}{{ end }}
+    {{- include "coeffd.volumeMounts" . | nindent 4 }}
+{{- end -}}
+
+{{/* Every coeffd container's mounts: config, data, /tmp, the security Secrets. */}}
+{{- define "coeffd.volumeMounts" -}}
+{{- $sec := .values.security | default dict -}}
+- name: coeffd-config
+  mountPath: /etc/coeffd
+  readOnly: true
+- name: coeffd-data
+  mountPath: {{ include "coeffd.dataDir" . }}
+- name: coeffd-tmp
+  mountPath: /tmp
+{{- with ($sec.tls | default dict) }}{{ if .secretName }}
+- name: coeffd-tls
+  mountPath: {{ .mountPath }}
+  readOnly: true
+{{- end }}{{ end }}
+{{- with ($sec.token | default dict) }}{{ if .secretName }}
+- name: coeffd-token
+  mountPath: {{ .mountPath }}
+  readOnly: true
+{{- end }}{{ end }}
 {{- end -}}
 
 {{- define "coeffd.sidecarContainer" -}}
@@ -101,6 +106,11 @@ the tracing and KV-event flags pointed at the sidecar on localhost.
 - name: coeffd-config
   configMap:
     name: {{ include "coeffd.fullname" . }}
+{{ include "coeffd.runtimeVolumes" . }}
+{{- end -}}
+
+{{/* /tmp and the Secrets of security.tls / security.token (every coeffd pod). */}}
+{{- define "coeffd.runtimeVolumes" -}}
 - name: coeffd-tmp
   emptyDir:
     medium: Memory
