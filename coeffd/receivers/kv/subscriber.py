@@ -73,8 +73,9 @@ class KVMetrics:
         )
         self.jumps = PromCounter(
             "coeffd_kv_sequence_jumps_total",
-            "KV-event sequence numbers that jumped ahead by more than any real gap "
-            "(forged or corrupt; taken as the new baseline, not counted as gaps), by source.",
+            "KV-event batches whose sequence number jumped ahead by more than any real "
+            "gap (forged or corrupt): dropped as outliers, the baseline kept unless the "
+            "stream goes on from the jump; not counted as gaps. By source.",
             ["source"],
             registry=registry,
         )
@@ -389,17 +390,21 @@ class KVSubscriber:
             if previous is not None:
                 self._request_replay(previous + 1, msg.topic)
         elif outcome == SequenceTracker.JUMP:
+            # An outlier until the stream goes on from it (sequence.py): dropped, so a
+            # forged number neither enters the joiner nor silences the real stream.
             self.counts["sequence_jumps"] += 1
             if self.metrics is not None:
                 self.metrics.jumps.labels(source.id).inc()
             if self.counts["sequence_jumps"] == 1:
                 log.warning(
-                    "kv sequence number jumped too far to be a gap; taken as the new baseline",
+                    "kv sequence number jumped too far to be a gap; batch dropped, the "
+                    "baseline kept unless the stream goes on from it",
                     endpoint=self.endpoint,
                     dp_rank=msg.batch.dp_rank,
                     previous=previous,
                     seq=msg.seq,
                 )
+            return
         elif outcome == SequenceTracker.RESTART:
             self.counts["restarts"] += 1
             log.info(
