@@ -5,7 +5,7 @@
 
 For each seed, one serving configuration with simfleet's known true coefficients:
 
-1. **Learn**: an in-process ``coeffd serve`` (:func:`daemon.commands.serve.build_app`,
+1. **Learn**: an in-process ``coeffd serve`` (:func:`daemon.assemble.build_app`,
    real OTLP/gRPC receiver, real HTTP API) is fed by simfleet over the wire for
    ``duration_s`` simulated seconds at the learning load, once per sampling
    (vLLM's default 1.0 / 0.01 / 0.001, and every step); the coefficients are then taken
@@ -356,8 +356,8 @@ def learn(
     """
     import orjson
 
+    from coeffd.daemon.assemble import build_app
     from coeffd.daemon.commands.pull import pull
-    from coeffd.daemon.commands.serve import build_app
     from coeffd.daemon.publish.snapshot import decode_snapshot
     from coeffd.daemon.settings import load_settings
 

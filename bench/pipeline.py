@@ -43,7 +43,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from bench.serve import RATES, LiveSender, record
-from coeffd.daemon.commands.serve import build_consumer
+from coeffd.daemon.assemble import build_consumer
 from coeffd.daemon.load import EngineSampler, LoadController, LoadShedder
 from coeffd.daemon.settings import load_settings
 from coeffd.joiner import Joiner

@@ -11,7 +11,7 @@ import functools
 import platform
 import signal
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
@@ -59,9 +59,21 @@ class App:
 
     The receivers' host (``receivers.host.Host``, structurally): what they are given.
 
-    ``registry`` is this app's own Prometheus registry (never the global one). Other
-    components mount HTTP routes on :attr:`router` before :meth:`start` (or after: the
-    router is live) and register metrics on :attr:`registry`.
+    ``registry`` is this app's own Prometheus registry (never the global one).
+    ``daemon.assemble`` builds the daemon and hands its parts in here; without them the
+    app counts records (``consumer``) with a decoder, occupancy and router of its own:
+
+    decoder
+        The OTLP receivers' decoder (its ``source_filter`` is engine sampling's).
+    grpc_occupancy
+        How full the OTLP/gRPC receiver's worker pool runs (engine sampling reads it).
+    kv_engine_filter
+        Engine sampling for the KV streams: engine name → take its events?
+    router
+        Routes served besides ``/metrics``, ``/healthz`` and ``/readyz`` (the ``/v1``
+        API), which this app adds to it.
+    readiness
+        Named readiness checks besides ``threads`` (see :meth:`add_readiness_check`).
     """
 
     def __init__(
@@ -69,6 +81,12 @@ class App:
         settings: Settings,
         consumer: Consumer | None = None,
         registry: CollectorRegistry | None = None,
+        *,
+        decoder: Decoder | None = None,
+        grpc_occupancy: Occupancy | None = None,
+        kv_engine_filter: Callable[[str], bool] | None = None,
+        router: Router | None = None,
+        readiness: Mapping[str, Callable[[], str | None]] | None = None,
     ) -> None:
         self.settings = settings
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -84,24 +102,30 @@ class App:
             tick_interval=settings.pipeline.tick_interval_seconds,
             rate_limit_seconds=settings.log.rate_limit_seconds,
         )
-        self.decoder = Decoder()
-        #: Engine sampling for the KV streams (engine name → take its events?), wired
-        #: like ``decoder.source_filter``.
-        self.kv_engine_filter: Callable[[str], bool] | None = None
+        self.decoder = decoder if decoder is not None else Decoder()
+        #: Engine sampling for the KV streams (engine name → take its events?), like
+        #: ``decoder.source_filter``.
+        self.kv_engine_filter = kv_engine_filter
         #: How full the OTLP/gRPC receiver's worker pool runs (engine sampling reads it).
-        self.grpc_occupancy = Occupancy(settings.receivers.otlp_grpc.workers)
-        self.router = Router()
+        self.grpc_occupancy = (
+            grpc_occupancy
+            if grpc_occupancy is not None
+            else Occupancy(settings.receivers.otlp_grpc.workers)
+        )
+        self.router = router if router is not None else Router()
         self.router.add_route("GET", "/metrics", self._metrics)
         self.router.add_route("GET", "/healthz", self._healthz)
         self.router.add_route("GET", "/readyz", self._readyz)
         self.ready = False
         #: Named readiness checks: ``/readyz`` answers 503 naming every check that fails.
-        #: A check returns None when fine, else one line saying what is wrong. Components
-        #: add theirs with :meth:`add_readiness_check` (state writes, KV streams, threads).
+        #: A check returns None when fine, else one line saying what is wrong: threads,
+        #: those handed in (state writes), KV streams (added at start).
         self.readiness: dict[str, Callable[[], str | None]] = {}
         #: Restarts dead worker threads; the ``threads`` readiness check names them.
         self.supervisor = Supervisor(self.registry)
         self.add_readiness_check("threads", self.supervisor.readiness)
+        for name, check in (readiness or {}).items():
+            self.add_readiness_check(name, check)
         self._stop_event = threading.Event()
         self._started = False
         self._stopped = False

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coeffd.daemon.app import App
-from coeffd.daemon.commands.serve import build_app
+from coeffd.daemon.assemble import build_app
 from coeffd.daemon.settings import load_settings
 from coeffd.receivers.otlp.decode import Decoder
 

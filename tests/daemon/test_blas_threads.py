@@ -11,7 +11,7 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 from coeffd.base.blas import blas_threads
-from coeffd.daemon.commands.serve import build_app
+from coeffd.daemon.assemble import build_app
 from coeffd.daemon.settings import Settings, SettingsError, load_settings
 
 

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from coeffd.daemon.commands.serve import build_consumer
+from coeffd.daemon.assemble import build_consumer
 from coeffd.daemon.learning import LearningConsumer
 from coeffd.daemon.learning.checkpoints import LATEST, PREVIOUS, encode_state
 from coeffd.daemon.settings import load_settings

@@ -16,7 +16,7 @@ from daemon_support import fleet_requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from coeffd.daemon.app import App
-from coeffd.daemon.commands.serve import build_app
+from coeffd.daemon.assemble import build_app
 from coeffd.daemon.learning import LearningConsumer
 from coeffd.daemon.settings import load_settings
 from coeffd.learners.features.config import ServingConfig

@@ -13,7 +13,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from prometheus_client import CollectorRegistry
 
-from coeffd.daemon.commands.serve import build_consumer
+from coeffd.daemon.assemble import build_consumer
 from coeffd.daemon.learning import LearningConsumer
 from coeffd.daemon.load.sampling import EngineSampler, engine_hash
 from coeffd.daemon.settings import SettingsError, load_settings

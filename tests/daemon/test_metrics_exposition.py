@@ -21,9 +21,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from coeffd.daemon.assemble import build_app
 from coeffd.daemon.commands import configurations
 from coeffd.daemon.commands.replay import replay_settings, run_replay
-from coeffd.daemon.commands.serve import build_app
 from coeffd.daemon.learning import LearningConsumer
 from coeffd.daemon.publish.snapshot import coeffd_version
 from coeffd.daemon.settings import Settings, load_settings

@@ -18,7 +18,7 @@ import pytest
 from daemon_support import fleet_requests
 from prometheus_client import CollectorRegistry
 
-from coeffd.daemon.commands.serve import build_consumer
+from coeffd.daemon.assemble import build_consumer
 from coeffd.daemon.learning import LearningConsumer
 from coeffd.daemon.publish.snapshot import decode_snapshot
 from coeffd.daemon.publish.store import SnapshotStore

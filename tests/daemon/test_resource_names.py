@@ -17,7 +17,7 @@ from daemon_support import fleet_requests
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from prometheus_client import CollectorRegistry
 
-from coeffd.daemon.commands.serve import build_consumer
+from coeffd.daemon.assemble import build_consumer
 from coeffd.daemon.settings import load_settings
 from coeffd.receivers.otlp.decode import Decoder
 

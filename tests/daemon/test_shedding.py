@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
+from coeffd.daemon.assemble import build_app, build_consumer
 from coeffd.daemon.commands.replay import replay_settings
-from coeffd.daemon.commands.serve import build_app, build_consumer
 from coeffd.daemon.learning import LearningConsumer
 from coeffd.daemon.settings import load_settings
 from coeffd.receivers.otlp.decode import Decoder

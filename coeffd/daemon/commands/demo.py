@@ -22,8 +22,8 @@ import numpy as np
 import structlog
 
 from coeffd.daemon.app import App
+from coeffd.daemon.assemble import build_app
 from coeffd.daemon.commands.common import EXIT_USAGE, add_settings_arguments, settings_from_args
-from coeffd.daemon.commands.serve import build_app
 from coeffd.daemon.learning import LearningConsumer
 
 __all__ = ["add_parser", "noise_floor", "run"]

@@ -18,8 +18,8 @@ from typing import Any
 import structlog
 
 from coeffd.daemon.app import App
+from coeffd.daemon.assemble import build_app
 from coeffd.daemon.commands.common import EXIT_USAGE, add_settings_arguments, settings_from_args
-from coeffd.daemon.commands.serve import build_app
 from coeffd.daemon.learning import LearningConsumer
 from coeffd.daemon.settings import Settings
 from coeffd.receivers.otlp.ingest import Ingestor

@@ -2,33 +2,22 @@
 
 The consumer joins the records into observations, learns per-configuration coefficients,
 and publishes snapshots under ``publish.snapshot_dir`` (served on ``/v1/...``); learner
-state is checkpointed under ``state.state_dir`` and restored at start-up.
+state is checkpointed under ``state.state_dir`` and restored at start-up. The daemon is
+put together in :mod:`coeffd.daemon.assemble`; this module parses and runs.
 """
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 import structlog
-from prometheus_client import CollectorRegistry
 
-from coeffd.daemon import api
-from coeffd.daemon.app import App
+from coeffd.daemon.assemble import build_app
 from coeffd.daemon.commands.common import EXIT_USAGE, add_settings_arguments, settings_from_args
-from coeffd.daemon.fleet import FleetPublisher
-from coeffd.daemon.learning import ConfigResolver, LearningConsumer, ServeMetrics
-from coeffd.daemon.learning.checkpoints import CheckpointStore
-from coeffd.daemon.load import LoadController
-from coeffd.daemon.publish.policy import PublishPolicy
-from coeffd.daemon.publish.store import SnapshotStore
-from coeffd.daemon.settings import Settings
-from coeffd.joiner import Joiner, JoinerMetrics
-from coeffd.learners.features.config import BasisResolver
-from coeffd.learners.registry import LearnerRegistry
+from coeffd.daemon.learning import LearningConsumer
 
-__all__ = ["add_parser", "build_app", "build_consumer", "run"]
+__all__ = ["add_parser", "run"]
 
 log = structlog.get_logger(__name__)
 
@@ -44,85 +33,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_settings_arguments(p, serve=True)
     p.set_defaults(run=run)
     return p
-
-
-def build_consumer(
-    settings: Settings, registry: CollectorRegistry, *, live: bool = True
-) -> tuple[LearningConsumer, SnapshotStore]:
-    """The learning consumer and its snapshot store, metrics on ``registry``.
-
-    ``live``: telemetry arrives now (serve, demo); False for replays of recorded files.
-    """
-    static = settings.configuration
-    model_paths: dict[str, str] = {}
-    hardware: str | None = None
-    static_config = None
-    if static is not None:
-        static_config = static.serving_config()
-        # A sidecar may name a config.json path or a hardware file: let the learners'
-        # resolver find them under the names the configuration id uses.
-        if Path(static.model).exists():
-            model_paths[static_config.model] = static.model
-        if Path(static.hardware).exists():
-            hardware = static.hardware
-    store = SnapshotStore(
-        settings.publish.snapshot_dir, settings.publish.retention, registry=registry
-    )
-    checkpoints = CheckpointStore(settings.state.state_dir) if settings.state.state_dir else None
-    bases = BasisResolver(
-        model_paths=model_paths or None,
-        hardware=hardware,
-        models_dir=settings.catalog.models_dir or None,
-        hardware_dir=settings.catalog.hardware_dir or None,
-    )
-    learners = LearnerRegistry(settings.learners, resolver=bases)
-    load = LoadController.from_settings(settings.pipeline, registry)
-    consumer = LearningConsumer(
-        joiner=Joiner(settings.joiner, JoinerMetrics(registry), load=load),
-        registry=learners,
-        metrics=ServeMetrics(registry, settings.http.error_histograms),
-        # telemetry names models and GPUs: unknown names are skipped and counted
-        resolver=ConfigResolver(static_config, check=bases.problem),
-        store=store,
-        checkpoints=checkpoints,
-        policy=PublishPolicy(
-            settings.publish.interval_seconds,
-            settings.publish.relative_threshold,
-            settings.publish.min_observations,
-            settings.publish.step_time_threshold,
-        ),
-        checkpoint_interval_s=settings.state.checkpoint_interval_seconds,
-        live=live,
-        load=load,
-        fleet=FleetPublisher(learners, registry),
-    )
-    if checkpoints is not None and settings.state.restore:
-        consumer.restore()
-    return consumer, store
-
-
-def build_app(
-    settings: Settings, registry: CollectorRegistry | None = None, *, live: bool = True
-) -> App:
-    """A ready-to-start daemon: receivers + learning consumer + ``/v1`` API routes."""
-    registry = registry if registry is not None else CollectorRegistry()
-    if settings.pipeline.consumer == "counting":
-        return App(settings, registry=registry)
-    consumer, store = build_consumer(settings, registry, live=live)
-    app = App(settings, consumer=consumer, registry=registry)
-    pipeline = app.pipeline
-    # the load controller's signals, and what the receivers ask it
-    load = consumer.load
-    load.backlog = lambda: pipeline.depth / pipeline.capacity
-    load.receivers_full = app.grpc_occupancy.full_share
-    load.decoders.append(app.decoder)
-    app.decoder.source_filter = load.source_filter
-    app.kv_engine_filter = load.engine_filter
-    api.mount(app.router, store, consumer.fleet)
-    # Failed writes make /readyz fail (an operator alerts on it) until a write works.
-    app.add_readiness_check("checkpoints", consumer.checkpoint_problem)
-    app.add_readiness_check("snapshots", consumer.snapshot_problem)
-    return app
 
 
 def run(args: argparse.Namespace) -> int:

@@ -68,7 +68,7 @@ class LearningConsumer:
         checkpoint_interval_s: float = 30.0,
         clock: Callable[[], float] = time.time,
         live: bool = True,
-        load: LoadController | None = None,
+        load: LoadController,
         fleet: FleetPublisher | None = None,
     ) -> None:
         self.joiner = joiner
@@ -84,10 +84,11 @@ class LearningConsumer:
         self.live_view = False
         self._live_rows: list[dict[str, Any]] = []
         #: What is decoded, joined and learned under load: the consumer steers it from
-        #: the worker and asks it which requests to learn; the joiner asks it too.
-        self.load = load if load is not None else LoadController()
-        if joiner.load is None:
-            joiner.load = self.load
+        #: the worker and asks it which requests to learn; the joiner asks it too (it was
+        #: handed the same controller at construction: ``Joiner(load=...)``).
+        self.load = load
+        if joiner.load is not load:
+            raise ValueError("the joiner and the consumer need the same load controller")
         #: configuration id → what it stands for (checkpointed, described in snapshots)
         self._configs: dict[str, ServingConfig] = {}
         self.health = WriteHealth(metrics)

@@ -11,7 +11,12 @@ The signals come from elsewhere: the pipeline's backlog, the receivers' pool occ
 (:mod:`coeffd.receivers.occupancy`), the tick durations and the joiner's shed tally.
 """
 
-from coeffd.daemon.load.controller import LoadController, LoadMetrics
+from coeffd.daemon.load.controller import (
+    LoadController,
+    LoadMetrics,
+    engine_sampler,
+    learning_shedder,
+)
 from coeffd.daemon.load.sampling import EngineSampler, engine_hash
 from coeffd.daemon.load.shedding import LoadShedder, share_limit, spread
 
@@ -21,6 +26,8 @@ __all__ = [
     "LoadMetrics",
     "LoadShedder",
     "engine_hash",
+    "engine_sampler",
+    "learning_shedder",
     "share_limit",
     "spread",
 ]

@@ -49,17 +49,23 @@ receivers, not the queue, fall behind then (they share one interpreter with the 
 
 Who asks what: the joiner asks :attr:`LoadController.step_filter` before it builds a
 step (and reports what it shed, :meth:`~LoadController.shed`); the decoders get it too
-(they read shed steps' summaries partially) and ask :attr:`~LoadController.source_filter`
-per source, the KV subscribers :attr:`~LoadController.engine_filter` per engine; the
-learning consumer asks :meth:`~LoadController.keep_request` and drives
-:meth:`~LoadController.steer` from the pipeline worker. The mechanisms live next door:
-:mod:`.shedding` (the share ``r``) and :mod:`.sampling` (the share ``e``).
+(they read shed steps' summaries partially) and ask the sampler's
+:meth:`~.sampling.EngineSampler.keep` per source, the KV subscribers its
+:meth:`~.sampling.EngineSampler.keep_engine` per engine; the learning consumer asks
+:meth:`~LoadController.keep_request` and drives :meth:`~LoadController.steer` from the
+pipeline worker. The mechanisms live next door:
+:mod:`.shedding` (the share ``r``) and :mod:`.sampling` (the share ``e``); with
+``pipeline.*`` settings they are :func:`learning_shedder` and :func:`engine_sampler`.
+Everything is handed over at construction (``daemon.assemble``): the sampler is built
+first, since the decoders it filters are built before the controller they are given to.
 
 >>> from coeffd.daemon.load.shedding import LoadShedder
->>> load = LoadController(shedder=LoadShedder(start=0.2, full=0.6, min_keep=0.125))
->>> load.step_filter is None        # nothing wired yet: everything is learned
+>>> load = LoadController(
+...     shedder=LoadShedder(start=0.2, full=0.6, min_keep=0.125),
+...     backlog=lambda: 0.4,            # a queue 40 % full
+... )
+>>> load.step_filter is None        # not steered yet: everything is learned
 True
->>> load.backlog = lambda: 0.4      # a queue 40 % full
 >>> load.steer(); load.shedder.ratio
 0.5625
 >>> sum(map(load.step_filter, range(8000)))  # an even share of the steps
@@ -71,7 +77,7 @@ True
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -80,14 +86,47 @@ from coeffd.daemon.load.sampling import EngineSampler
 from coeffd.daemon.load.shedding import LoadShedder
 from coeffd.daemon.settings import PipelineSettings
 from coeffd.receivers.otlp.decode import Decoder
-from coeffd.records.events import Source
 
-__all__ = ["LoadController", "LoadMetrics"]
+__all__ = ["LoadController", "LoadMetrics", "engine_sampler", "learning_shedder"]
 
 log = structlog.get_logger(__name__)
 
 #: Shedding below this keep ratio is worth a warning; above it, it is routine trimming.
 _SHED_WARN_BELOW = 0.5
+
+
+def learning_shedder(p: PipelineSettings) -> LoadShedder | None:
+    """The step/request share ``r`` by the table's ``pipeline.*`` settings (None unless
+    ``shed_learning``)."""
+    if not p.shed_learning:
+        return None
+    return LoadShedder(
+        p.shed_start,
+        p.shed_full,
+        p.shed_min_keep,
+        p.shed_tick_budget * p.tick_interval_seconds,
+    )
+
+
+def engine_sampler(
+    p: PipelineSettings, receivers_full: Callable[[], float] | None = None
+) -> EngineSampler | None:
+    """The engine share ``e`` by the table's ``pipeline.*`` settings (None unless
+    ``sample_engines``); ``receivers_full``: the share of the time the receivers' worker
+    pool was full (:meth:`receivers.occupancy.Occupancy.full_share`)."""
+    if not p.sample_engines:
+        return None
+    return EngineSampler(
+        high=p.sample_engines_at,
+        low=p.shed_start,
+        min_share=p.sample_engines_min_share,
+        min_engines=p.sample_engines_min_per_config,
+        up_hold_s=p.sample_engines_recover_seconds,
+        cpu_high=p.sample_engines_cpu,
+        # without learning's shedding, engine sampling is the first resort
+        step_floor=p.shed_min_keep if p.shed_learning else 1.0,
+        receivers_full=receivers_full,
+    )
 
 
 class LoadMetrics:
@@ -138,6 +177,11 @@ class LoadController:
         The step/request share ``r`` (None: everything is learned).
     sampler
         The engine share ``e`` (None: every engine is decoded).
+    backlog
+        Signal: the pipeline's backlog (queue fill 0..1); nothing is steered without it.
+    decoders
+        The receivers' decoders: they decode the steps being shed partially (half the
+        decode cost of the commonest record).
     """
 
     def __init__(
@@ -146,18 +190,18 @@ class LoadController:
         *,
         shedder: LoadShedder | None = None,
         sampler: EngineSampler | None = None,
+        backlog: Callable[[], float] | None = None,
+        decoders: Iterable[Decoder] = (),
     ) -> None:
         self.metrics = metrics if metrics is not None else LoadMetrics(CollectorRegistry())
         self.shedder = shedder
         # one bound method, so the decoders see the same filter and skip rebuilding
         self._keep = shedder.keep if shedder is not None else None
         self.sampler = sampler
-        #: Signal: the pipeline's backlog (queue fill 0..1), wired by the app; nothing is
-        #: steered until it is.
-        self.backlog: Callable[[], float] | None = None
-        #: Decoders of the app's receivers, wired like ``backlog``: they decode the steps
-        #: being shed partially (half the decode cost of the commonest record).
-        self.decoders: list[Decoder] = []
+        #: Signal: the pipeline's backlog (queue fill 0..1); nothing is steered without it.
+        self.backlog = backlog
+        #: Decoders of the receivers: each is handed the step filter.
+        self.decoders: list[Decoder] = list(decoders)
         #: None while every step is built and learned; else whether step ``n`` is.
         self.step_filter: Callable[[int], bool] | None = None
         #: Observations shed so far, by kind (``step``: the joiner's tally).
@@ -166,56 +210,7 @@ class LoadController:
         self._shed_warned = False  # a "learning behind" warning awaits its "caught up"
         self._engine_share = 1.0
 
-    @classmethod
-    def from_settings(cls, p: PipelineSettings, registry: CollectorRegistry) -> LoadController:
-        """The daemon's controller: the rules of the table with ``pipeline.*`` settings."""
-        shedder = (
-            LoadShedder(
-                p.shed_start,
-                p.shed_full,
-                p.shed_min_keep,
-                p.shed_tick_budget * p.tick_interval_seconds,
-            )
-            if p.shed_learning
-            else None
-        )
-        sampler = (
-            EngineSampler(
-                high=p.sample_engines_at,
-                low=p.shed_start,
-                min_share=p.sample_engines_min_share,
-                min_engines=p.sample_engines_min_per_config,
-                up_hold_s=p.sample_engines_recover_seconds,
-                cpu_high=p.sample_engines_cpu,
-                # without learning's shedding, engine sampling is the first resort
-                step_floor=p.shed_min_keep if p.shed_learning else 1.0,
-            )
-            if p.sample_engines
-            else None
-        )
-        return cls(LoadMetrics(registry), shedder=shedder, sampler=sampler)
-
     # ------------------------------------------------------------ what others ask
-    @property
-    def source_filter(self) -> Callable[[Source], bool] | None:
-        """For the decoders: whether to decode a source's spans (None: every source)."""
-        return self.sampler.keep if self.sampler is not None else None
-
-    @property
-    def engine_filter(self) -> Callable[[str], bool] | None:
-        """For the KV subscribers: whether to take an engine's events (None: all)."""
-        return self.sampler.keep_engine if self.sampler is not None else None
-
-    @property
-    def receivers_full(self) -> Callable[[], float] | None:
-        """Signal: the share of the time the receivers' worker pool was full."""
-        return self.sampler.receivers_full if self.sampler is not None else None
-
-    @receivers_full.setter
-    def receivers_full(self, signal: Callable[[], float] | None) -> None:
-        if self.sampler is not None:
-            self.sampler.receivers_full = signal
-
     def keep_request(self, request_id: str) -> bool:
         """Whether a request observation is learned at the current share (False: it is
         counted as shed). Ask only while :attr:`step_filter` is set."""

@@ -133,7 +133,7 @@ class EngineSampler:
         self.cpu_high, self.step_floor, self.cpu_settle_s = cpu_high, step_floor, cpu_settle_s
         self._clock, self._cpu_clock, self._worker_clock = clock, cpu_clock, worker_clock
         #: share of the time the receivers' worker pool was full since the last call
-        #: (:class:`receivers.occupancy.Occupancy`), wired by the load controller
+        #: (:class:`receivers.occupancy.Occupancy`)
         self.receivers_full = receivers_full
         self.share = 1.0
         self._limit = share_limit(1.0)

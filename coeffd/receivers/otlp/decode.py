@@ -188,7 +188,13 @@ class Decoder:
     result is identical, so the race is harmless.
     """
 
-    def __init__(self, max_sources: int = 4096, max_source_bytes: int = 16 << 20) -> None:
+    def __init__(
+        self,
+        max_sources: int = 4096,
+        max_source_bytes: int = 16 << 20,
+        *,
+        source_filter: Callable[[Source], bool] | None = None,
+    ) -> None:
         self._sources: dict[bytes, Source] = {}
         self._max_sources = max_sources
         # Bounded by bytes too: sources come from the network, and 4096 resources of
@@ -198,9 +204,9 @@ class Decoder:
         self._step_filter: Callable[[int], bool] | None = None
         self._scopes = SCOPES
         #: Engine sampling: the spans of sources for which this is False are counted in
-        #: ``sampled_out`` and not decoded. The daemon wires its engine sampler's ``keep``
+        #: ``sampled_out`` and not decoded. The daemon hands its engine sampler's ``keep``
         #: here (see ``daemon.load``); ``None`` decodes every source.
-        self.source_filter: Callable[[Source], bool] | None = None
+        self.source_filter = source_filter
 
     @property
     def step_filter(self) -> Callable[[int], bool] | None:
