@@ -1,41 +1,49 @@
-# Everything installs into .venv from this project's own files.
+# Everything installs into .venv from this project's own files: `make run` only the runtime
+# dependencies (332 MB, measured with `pip install .` in a fresh venv), the targets that
+# lint, type-check, test or benchmark also the dev extras (pytest, Helm SDK, Kubernetes
+# schemas, ruff, mypy: 823 MB in all).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+RUNTIME := $(VENV)/.installed-runtime
+DEV     := $(VENV)/.installed-dev
 
 .PHONY: setup run demo test lint typecheck pytest bench clean
 
-$(STAMP): pyproject.toml
+$(RUNTIME): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(RUNTIME)
+
+$(DEV): $(RUNTIME)
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	touch $(DEV)
 
-setup: $(STAMP)
+setup: $(DEV)
 
-run: $(STAMP)  ## set up and run the daemon with the built-in synthetic vLLM fleet
+run: $(RUNTIME)  ## set up (runtime dependencies only) and run the daemon with the built-in synthetic vLLM fleet
 	$(BIN)/coeffd demo $(ARGS)
 
 demo: run
 
-lint: $(STAMP)
+lint: $(DEV)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-typecheck: $(STAMP)
+typecheck: $(DEV)
 	$(BIN)/mypy
 
 # Two workers (CI's machine has two cores), one test file per worker at a time, so a
 # module's shared fixture is built once; `make pytest PYTEST_WORKERS=` runs serially.
 PYTEST_WORKERS ?= -n 2 --dist loadfile
 
-pytest: $(STAMP)
+pytest: $(DEV)
 	$(BIN)/pytest $(PYTEST_WORKERS)
 
 test: lint typecheck pytest  ## set up, then ruff + mypy + pytest
 
-bench: $(STAMP)
+bench: $(DEV)
 	$(BIN)/python -m bench $(ARGS)
 
 clean:
