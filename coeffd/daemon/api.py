@@ -35,7 +35,7 @@ import orjson
 from coeffd.base.http import Request as HttpRequest
 from coeffd.base.http import Response as HttpResponse
 from coeffd.base.http import Router
-from coeffd.daemon.predict import PredictError, Predictor, describe, predict, render
+from coeffd.daemon.predict import PredictError, Predictor, answer_query, render
 from coeffd.daemon.publish.blis import to_flags, to_yaml_block
 from coeffd.daemon.publish.snapshot import InvalidConfigurationIdError, Snapshot, validate_config_id
 from coeffd.daemon.publish.store import SnapshotStore
@@ -191,7 +191,7 @@ def get_prediction(store: SnapshotStore, predictor: Predictor | None, query: Que
     if fmt not in FORMATS:
         return error(400, f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
     try:
-        answer = predict(store, predictor, describe(query))
+        answer = answer_query(store, predictor, query)
     except PredictError as e:
         return error(400, str(e))
     return Response(200, [("Content-Type", FORMATS[fmt])], render(answer, fmt))

@@ -15,6 +15,15 @@ uncertainty, at one standard deviation (``error_parts``: ``noise_error``, ``bias
 for the other sources, the LOCO errors of the known configurations most like it, mean
 plus one standard deviation.
 
+A query need not name every knob: when no learned configuration has exactly the
+described identity, the learned configurations that match every key the query *gives*
+(knobs not given match any; model and GPU names case-insensitively) answer with their own
+coefficients; of several, the one with the most step observations, the others listed in
+``other_matches`` with the keys that set each apart (:func:`answer_query`). A model or GPU
+name this server knows nothing of (not bundled, not in its catalogue directories, not
+learned here) is refused with the known names and the closest ones, rather than answered
+with a guess for a typo.
+
 The query is untrusted: values are names, never paths — nothing here opens a file or
 resolves a model; a value is at most :data:`MAX_VALUE` printable characters and keys
 must be vocabulary keys (else 400). ``format=json|flags|yaml`` as for
@@ -24,6 +33,7 @@ must be vocabulary keys (else 400). ``format=json|flags|yaml`` as for
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -35,7 +45,14 @@ from coeffd.daemon.publish.blis import to_flags, to_yaml_block
 from coeffd.daemon.publish.snapshot import ConfigurationRef, Snapshot, validate_for_blis
 from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA
-from coeffd.learners.features.config import ATTRIBUTE_PREFIX, ServingConfig, ServingConfigError
+from coeffd.learners.features.catalog import MODELS, canonical_model_name
+from coeffd.learners.features.config import (
+    ATTRIBUTE_PREFIX,
+    BasisResolver,
+    ServingConfig,
+    ServingConfigError,
+)
+from coeffd.learners.features.hardware import available_gpus
 from coeffd.learners.fleet.error import ERROR_BASES
 from coeffd.learners.fleet.results import FLEET_ID, Prediction
 
@@ -43,6 +60,8 @@ __all__ = [
     "MAX_VALUE",
     "PredictError",
     "Predictor",
+    "answer_query",
+    "check_names",
     "describe",
     "error_text",
     "iso_time",
@@ -95,6 +114,174 @@ def describe(query: Mapping[str, Sequence[str]]) -> ServingConfig:
         raise PredictError(str(exc)) from None
 
 
+def given_keys(query: Mapping[str, Sequence[str]]) -> frozenset[str]:
+    """The vocabulary keys a query names (``coeffd.`` prefix dropped, ``format`` left out).
+
+    >>> sorted(given_keys({"coeffd.model": ["m"], "gpu": ["H100"], "format": ["json"]}))
+    ['gpu', 'model']
+    """
+    return frozenset(
+        k.removeprefix(ATTRIBUTE_PREFIX) for k, v in query.items() if v and k != "format"
+    )
+
+
+def _learned(store: SnapshotStore | None) -> list[Snapshot]:
+    """The latest snapshot of every learned configuration (the fleet vector left out)."""
+    if store is None:
+        return []
+    snaps = (store.latest(cid) for cid in store.configurations() if cid != FLEET_ID)
+    return [s for s in snaps if s is not None]
+
+
+def _resolver(predictor: Predictor | None) -> BasisResolver:
+    """The daemon's model/GPU resolver (its catalogue directories), else the bundled one."""
+    registry = getattr(predictor, "registry", None)
+    found = getattr(registry, "resolver", None)
+    return found if isinstance(found, BasisResolver) else BasisResolver()
+
+
+def _unknown(kind: str, name: str, known: Sequence[str]) -> PredictError:
+    """One line: the name, the closest known names, every known name."""
+    lower = {k.lower(): k for k in known}
+    close = [lower[m] for m in difflib.get_close_matches(name.lower(), list(lower), n=3)]
+    hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+    return PredictError(
+        f"unknown {kind} {name!r}{hint}; known {kind}s (bundled or learned here): "
+        + ", ".join(sorted(known, key=str.lower))
+    )
+
+
+def check_names(
+    config: ServingConfig, store: SnapshotStore | None, predictor: Predictor | None = None
+) -> ServingConfig:
+    """``config`` with its GPU name in the known spelling; :class:`PredictError` for a model
+    or GPU this server knows nothing of (a typo must not be answered with a guess).
+
+    Known: bundled, in the daemon's catalogue (``catalog.*``), or learned here. GPU names
+    match case-insensitively where that picks one name. A model sent with its
+    ``model_config_hash`` (``coeffd pull --model config.json``) is the client's own file.
+
+    >>> check_names(ServingConfig(model="llama-3.1-8b-instruct", gpu="h100"), None).gpu
+    'H100'
+    >>> check_names(ServingConfig(model="llama-3.1-70b-instuct", gpu="H100"), None)
+    Traceback (most recent call last):
+    ...
+    coeffd.daemon.predict.PredictError: unknown model 'llama-3.1-70b-instuct' (did you mean llama-3.1-70b-instruct...
+    """
+    learned = _learned(store)
+    resolver = _resolver(predictor)
+    models = {str(s.configuration.labels.get("model", "")) for s in learned} - {""}
+    if (
+        not config.model_config_hash
+        and canonical_model_name(config.model) is None
+        and config.model.lower() not in {m.lower() for m in models}
+    ):
+        try:
+            resolver.model(config)
+        except (ValueError, OSError):
+            raise _unknown("model", config.model, sorted(set(MODELS) | models)) from None
+    gpus = set(available_gpus()) | {str(s.configuration.labels.get("gpu", "")) for s in learned}
+    gpus.discard("")
+    if config.gpu in gpus:
+        return config
+    try:
+        resolver.hardware(config)
+        return config
+    except (ValueError, OSError):
+        pass
+    same = sorted(g for g in gpus if g.lower() == config.gpu.lower())
+    if len(same) == 1:
+        return config.with_changes(gpu=same[0])
+    if same:
+        raise PredictError(f"GPU {config.gpu!r} is ambiguous: which of {', '.join(same)}?")
+    raise _unknown("GPU", config.gpu, sorted(gpus))
+
+
+def _observations(snap: Snapshot) -> int:
+    obs = snap.observations
+    return int(obs.get("beta", obs.get("step_period", 0)))
+
+
+def _identity(description: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A learned configuration's identity (names lower-cased), None if it does not parse."""
+    try:
+        ident = ServingConfig.from_dict(
+            {k: v for k, v in description.items() if k in _FIELDS and v is not None}
+        ).identity()
+    except (ServingConfigError, TypeError, ValueError):
+        return None
+    return ident | {"model": str(ident["model"]).lower(), "gpu": str(ident["gpu"]).lower()}
+
+
+def _matching(
+    learned: Sequence[Snapshot], config: ServingConfig, given: frozenset[str]
+) -> list[tuple[Snapshot, dict[str, Any]]]:
+    """Learned configurations whose identity agrees with ``config`` on every given key,
+    the one with the most step observations first (then by id: deterministic)."""
+    want = _identity(config.to_dict())
+    if want is None:
+        return []
+    keys = given & set(want)
+    found = []
+    for snap in learned:
+        ident = _identity(snap.configuration.description)
+        if ident is not None and all(ident[k] == want[k] for k in keys):
+            found.append((snap, ident))
+    return sorted(found, key=lambda f: (-_observations(f[0]), f[0].config_id))
+
+
+def _own(snap: Snapshot) -> dict[str, Any]:
+    step = snap.prequential.get("step_period", {}).get("learned")
+    return {
+        "source": "configuration",
+        "alpha": list(snap.alpha),
+        "beta": list(snap.beta),
+        "expected_error": step.mape if step is not None else None,
+        "error_basis": "prequential step-time MAPE of these coefficients",
+        "version": snap.version,
+        "wall_ns": snap.wall_ns,
+    }
+
+
+def answer_query(
+    store: SnapshotStore | None, predictor: Predictor | None, query: Mapping[str, Sequence[str]]
+) -> dict[str, Any]:
+    """The ``/v1/predict`` answer for a raw query (module docs); raises :class:`PredictError`.
+
+    The learned configuration of exactly this identity, else those matching every key the
+    query gives (``matched_on``; several: the most observed, the rest in
+    ``other_matches``, each with ``differs``: its values of the keys where it differs),
+    else :func:`predict`.
+    """
+    config = check_names(describe(query), store, predictor)
+    if store is None or store.latest(config.id) is not None:
+        return predict(store, predictor, config)
+    given = given_keys(query)
+    found = _matching(_learned(store), config, given)
+    if not found:
+        return predict(store, predictor, config)
+    (snap, ident), rest = found[0], found[1:]
+    ref = snap.configuration
+    others = [
+        {
+            "id": s.config_id,
+            "labels": s.configuration.labels,
+            "observations": _observations(s),
+            "differs": {
+                k: s.configuration.description.get(k, v)
+                for k, v in i.items()
+                if k not in ("model", "gpu", "model_config_hash") and v != ident.get(k)
+            },
+        }
+        for s, i in rest
+    ]
+    return (
+        {"configuration": {"id": ref.id, "labels": ref.labels, "description": ref.description}}
+        | _own(snap)
+        | {"matched_on": sorted(given & _FIELDS), "other_matches": others}
+    )
+
+
 def iso_time(wall_ns: int) -> str:
     """UTC wall time to the second, as the provenance comments write it.
 
@@ -113,16 +300,7 @@ def predict(
     }
     own = store.latest(config.id) if store is not None else None
     if own is not None:
-        step = own.prequential.get("step_period", {}).get("learned")
-        return out | {
-            "source": "configuration",
-            "alpha": list(own.alpha),
-            "beta": list(own.beta),
-            "expected_error": step.mape if step is not None else None,
-            "error_basis": "prequential step-time MAPE of these coefficients",
-            "version": own.version,
-            "wall_ns": own.wall_ns,
-        }
+        return out | _own(own)
     p = predictor.predict(config.to_dict()) if predictor is not None else None
     fleet = store.latest(FLEET_ID) if store is not None else None
     if p is None:

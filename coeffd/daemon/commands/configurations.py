@@ -61,7 +61,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="DIR",
         help="read the snapshots on disk instead of asking a server",
     )
-    p.add_argument("--json", action="store_true", help="one JSON object per configuration")
+    p.add_argument(
+        "--json",
+        action="store_const",
+        const="json",
+        dest="format",
+        help="one JSON object per configuration (same as --format json)",
+    )
+    p.add_argument(
+        "--format",
+        choices=("table", "json"),
+        default="table",
+        help="table (default) or json (as coeffd pull --format json)",
+    )
     p.set_defaults(run=run)
     return p
 
@@ -231,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
     rs = rows(snaps)
     if not rs and args.snapshot_dir is None:
         print("(nothing published yet: a configuration needs ~20 observations)", file=sys.stderr)
-    if args.json:
+    if getattr(args, "format", None) == "json" or getattr(args, "json", False):
         for r in rs:
             print(orjson.dumps(r).decode())
     else:

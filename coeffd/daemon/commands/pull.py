@@ -16,8 +16,17 @@ own tree) and the coefficients.
 
 --model/--hardware/--tp describe a configuration (deployed or not): the answer is its own
 coefficients if coeffd has learned it, else the fleet model's best prediction for it,
-with the source and the expected step-time error (GET /v1/predict). A config.json path is
-read here; only its name and hash are sent.
+with the source and the expected step-time error (GET /v1/predict). Knobs not given match
+any: --model M --hardware H100 --tp 1 answers the learned M/H100/tp1 whatever its
+--max-num-batched-tokens; when several learned configurations match, the one with the most
+step observations answers and stderr lists the others with the flags that pick them. A
+model or GPU name the server does not know is refused with the closest known ones (GPU
+names are case-insensitive). A config.json path is read here; only its name and hash are
+sent.
+
+--config takes an id or a unique prefix of one (coeffd configurations lists them).
+--snapshot-dir DIR answers from the snapshots on disk (e.g. after coeffd replay) instead
+of a server, offline. --server defaults to $COEFFD_SERVER, else http://127.0.0.1:9464.
 
 --defaults on a server with several configurations writes the fleet vector (one α/β
 fitted over all of them, snapshot "fleet") with a comment giving its leave-one-
@@ -84,9 +93,14 @@ EXIT_FAILED, EXIT_USAGE = 1, 2
 
 
 class PullError(RuntimeError):
-    """A failure with a message fit for the user; exit status 1 (2 for ``UsageError``)."""
+    """A failure with a message fit for the user; exit status 1 (2 for ``UsageError``).
+
+    ``status`` and ``detail``: the HTTP status and the server's message, for an HTTP error.
+    """
 
     code = EXIT_FAILED
+    status: int | None = None
+    detail = ""
 
 
 class UsageError(PullError):
@@ -113,9 +127,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     """``--server`` and ``--timeout`` (shared with ``coeffd configurations``)."""
     parser.add_argument(
         "--server",
-        default=DEFAULT_SERVER,
+        default=os.environ.get("COEFFD_SERVER") or DEFAULT_SERVER,
         metavar="URL",
-        help=f"coeffd base URL (default {DEFAULT_SERVER})",
+        help=f"coeffd base URL (default $COEFFD_SERVER, else {DEFAULT_SERVER})",
     )
     parser.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout, seconds")
     parser.add_argument(
@@ -156,7 +170,17 @@ def use_server_credentials(args: argparse.Namespace) -> None:
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     add_server_arguments(parser)
-    parser.add_argument("--config", default=None, help="configuration id (default: the only one)")
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="configuration id or a unique prefix of one (default: the only one)",
+    )
+    parser.add_argument(
+        "--snapshot-dir",
+        default=None,
+        metavar="DIR",
+        help="answer from the snapshots in DIR (offline, e.g. after coeffd replay), not a server",
+    )
     parser.add_argument(
         "--version", type=int, default=None, help="snapshot version (default latest)"
     )
@@ -166,6 +190,13 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="flags (default): --alpha-coeffs/--beta-coeffs; blis-args: a whole blis run "
         "argument list; yaml: the defaults.yaml block; json: the snapshot",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_const",
+        const="json",
+        dest="format",
+        help="same as --format json (as coeffd configurations --json)",
     )
     parser.add_argument(
         "--defaults",
@@ -229,7 +260,9 @@ def _get(url: str, timeout: float) -> bytes:
         detail = exc.read().decode("utf-8", "replace")
         with contextlib.suppress(orjson.JSONDecodeError, KeyError, TypeError):
             detail = orjson.loads(detail)["error"]["message"]
-        raise PullError(f"{url}: HTTP {exc.code}: {detail}") from exc
+        err = PullError(f"{url}: HTTP {exc.code}: {detail}")
+        err.status, err.detail = exc.code, str(detail)
+        raise err from exc
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         hint = ""
@@ -294,6 +327,48 @@ def _choose_config(server: str, timeout: float, fleet_ok: bool = False) -> str:
     return str(configs[0]["id"])
 
 
+def resolve_config(server: str, timeout: float, wanted: str) -> str:
+    """The configuration id ``wanted`` names: itself, or the one id it is a prefix of.
+    ``PullError`` for no match (pointing at ``coeffd configurations``) or several (listed)."""
+    configs = list_configurations(server, timeout)
+    ids = [str(c["id"]) for c in configs]
+    if wanted in ids:
+        return wanted
+    found = [c for c in configs if str(c["id"]).startswith(wanted)]
+    if len(found) == 1:
+        return str(found[0]["id"])
+    if found:
+        listing = "\n".join(
+            f"  {c['id']}  {configuration_name(c.get('labels') or {})}" for c in found
+        )
+        raise UsageError(f"--config {wanted} matches {len(found)} configurations:\n{listing}")
+    raise PullError(
+        f"unknown configuration {wanted!r} on {server}; run coeffd configurations "
+        f"(with the same --server or --snapshot-dir) to list the learned ones"
+    )
+
+
+def _pull_offline(args: argparse.Namespace) -> str:
+    """``--snapshot-dir DIR``: the same answers from the snapshots on disk, through the
+    daemon's own API served in-process on a loopback port (nothing else to keep in step)."""
+    from coeffd.base.http import HttpServer
+    from coeffd.daemon import api
+    from coeffd.daemon.publish.store import SnapshotStore
+
+    if not Path(args.snapshot_dir).is_dir():
+        raise UsageError(f"--snapshot-dir {args.snapshot_dir}: no such directory")
+    server = HttpServer("127.0.0.1", 0, name="pull-offline")
+    api.mount(server.router, SnapshotStore(args.snapshot_dir))
+    server.start()
+    try:
+        local = argparse.Namespace(**vars(args))
+        local.server, local.snapshot_dir = f"http://127.0.0.1:{server.port}", None
+        local.token_file = local.cacert = local.client_cert = None
+        return pull(local)
+    finally:
+        server.stop()
+
+
 def update_defaults(
     path: str,
     snapshot: Snapshot,
@@ -340,6 +415,8 @@ def pull(args: argparse.Namespace) -> str:
     parser = argparse.ArgumentParser(add_help=False)
     _add_arguments(parser)
     args = argparse.Namespace(**(vars(parser.parse_args([])) | vars(args)))
+    if args.snapshot_dir:
+        return _pull_offline(args)
     server = server_url(args.server)
     use_server_credentials(args)
     fmt = args.format
@@ -353,7 +430,11 @@ def pull(args: argparse.Namespace) -> str:
     described = describe_args(args)
     if described is not None:
         return _pull_prediction(args, server, described)
-    config = args.config or _choose_config(server, args.timeout, fleet_ok=bool(args.defaults))
+    config = (
+        resolve_config(server, args.timeout, args.config)
+        if args.config
+        else _choose_config(server, args.timeout, fleet_ok=bool(args.defaults))
+    )
     wire = "json" if (args.defaults or fmt == "blis-args") else (fmt or "flags")
     params: dict[str, str] = {"format": wire}
     if args.version is not None:
@@ -452,20 +533,68 @@ def describe_args(args: argparse.Namespace) -> dict[str, str] | None:
 def _pull_prediction(args: argparse.Namespace, server: str, query: dict[str, str]) -> str:
     """``--model …``: the configuration's own or predicted coefficients."""
     url = f"{server}/v1/predict?{urllib.parse.urlencode(query | {'format': 'json'})}"
-    answer = fetch_json(url, args.timeout)
+    try:
+        answer = fetch_json(url, args.timeout)
+    except PullError as exc:
+        if exc.status == 400:  # the query: say what is wrong with it, not the URL
+            raise UsageError(exc.detail) from exc
+        raise
     try:
         snap = as_snapshot(answer)
     except (KeyError, TypeError, ValueError) as exc:
         raise PullError(f"{url}: unexpected answer: {exc}") from exc
+    named = query | {"tp": query.get("tp", 1)}
+    if answer.get("matched_on"):
+        named = dict(answer["configuration"].get("labels") or named)
     summary = (
-        f"{answer['source']} coefficients for {configuration_name(query | {'tp': query.get('tp', 1)})}"
+        f"{answer['source']} coefficients for {configuration_name(named)}"
         f" (configuration {snap.config_id}), {error_text(answer)}"
     )
     print(f"coeffd pull: {summary}", file=sys.stderr)
+    others = answer.get("other_matches") or []
+    if others:
+        print(
+            f"coeffd pull: {len(others) + 1} learned configurations match the flags given; "
+            f"this one has the most step observations. The others:\n"
+            + "\n".join(_selecting_flags(o) for o in others),
+            file=sys.stderr,
+        )
     out = _write_and_format(args, snap, url, prediction_comment(answer), summary)
     if not args.defaults and args.format != "blis-args":
         out.append(render(answer, args.format or "flags").decode().rstrip("\n"))
     return "\n".join(out)
+
+
+#: pull's own flag for a configuration key (others go through --set KEY=VALUE)
+_KNOB_FLAGS = {
+    "tp": "--tp",
+    "dp": "--dp",
+    "moe_comm_backend": "--moe-comm-backend",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "vllm_version": "--vllm-version",
+}
+
+
+def _selecting_flags(other: Mapping[str, Any]) -> str:
+    """``  ID  NAME  (N step obs): --config ID, or add --flag V ...`` for one other match.
+
+    >>> _selecting_flags({"id": "a1", "labels": {"model": "m", "gpu": "H100", "tp": "1"},
+    ...                   "observations": 90, "differs": {"max_num_seqs": 64, "ep": True}})
+    '  a1  m/H100/tp1 (90 step observations): --config a1, or add --ep --set max_num_seqs=64'
+    """
+    flags = []
+    for key, value in sorted((other.get("differs") or {}).items()):
+        if key == "ep":
+            flags.append("--ep" if value else "--set ep=false")
+        elif key in _KNOB_FLAGS:
+            flags.append(f"{_KNOB_FLAGS[key]} {value}")
+        else:
+            flags.append(f"--set {key}={value}")
+    pick = f", or add {' '.join(flags)}" if flags else ""
+    return (
+        f"  {other['id']}  {configuration_name(other.get('labels') or {})} "
+        f"({other.get('observations', 0)} step observations): --config {other['id']}{pick}"
+    )
 
 
 def _has_own_comment(path: str) -> bool:

@@ -166,11 +166,9 @@ def test_predict_model_values_are_names_never_paths(fleet_server, tmp_path) -> N
     # a config.json on the server's disk: the value is a name, so nothing reads it
     (tmp_path / "config.json").write_text(json.dumps(model_config("llama-3.1-8b-instruct")))
     status, body = _predict(url, model=str(tmp_path), gpu="H100", tp="1")
-    assert status == 200
-    answer = orjson.loads(body)
-    assert answer["source"] != "configuration"
-    assert answer["configuration"]["description"]["model"] == str(tmp_path)
-    assert answer["configuration"]["description"]["model_config_hash"] == ""
+    # not a model name it knows (nor a name at all): refused, the file never read
+    assert status == 400
+    assert "unknown model" in orjson.loads(body)["error"]["message"]
 
 
 # ------------------------------------------------------------------------------- pull

@@ -76,7 +76,8 @@ def test_pull_several_configs_lists_and_fails(tmp_path: Path) -> None:
         proc = _pull("--server", url, "--config", "cfg-b", "--format", "yaml")
         assert proc.returncode == 0 and "trained_physics_coefficients:" in proc.stdout
         proc = _pull("--server", url, "--config", "missing", "--format", "yaml")
-        assert proc.returncode == 1 and "404" in proc.stderr
+        assert proc.returncode == 1 and "unknown configuration 'missing'" in proc.stderr
+        assert "coeffd configurations" in proc.stderr  # where the ids are
     finally:
         server.stop()
 
