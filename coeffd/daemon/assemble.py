@@ -15,6 +15,10 @@ it), and nothing is wired by assignment after construction. The order:
    receivers, HTTP server) given the consumer, decoder, occupancy, KV engine filter,
    router and the readiness checks of the state writes.
 
+``mode = query`` builds a different daemon: no receivers and no learners, a
+:class:`~daemon.query.view.FleetView` over the peers as the pipeline's consumer (its
+refreshes run on the worker's ticks) and the same API over the view's snapshot store.
+
 The one cycle — the controller reads the pipeline's fill, the pipeline (the App's) drives
 the consumer, the consumer steers the controller — is broken by the backlog signal, a
 closure over the app (see :func:`build_app`).
@@ -45,6 +49,8 @@ from coeffd.daemon.load import (
 )
 from coeffd.daemon.publish.policy import PublishPolicy
 from coeffd.daemon.publish.store import SnapshotStore
+from coeffd.daemon.query.statistics import StatisticsExporter
+from coeffd.daemon.query.view import FleetView
 from coeffd.daemon.settings import Settings
 from coeffd.joiner import Joiner, JoinerMetrics
 from coeffd.learners.features.config import BasisResolver
@@ -66,6 +72,8 @@ def build_app(
     registry = registry if registry is not None else CollectorRegistry()
     if settings.pipeline.consumer == "counting":
         return App(settings, registry=registry)
+    if settings.mode == "query":
+        return _query_app(settings, registry)
     occupancy = Occupancy(settings.receivers.otlp_grpc.workers)
     sampler = engine_sampler(settings.pipeline, receivers_full=occupancy.full_share)
     decoder = Decoder(source_filter=sampler.keep if sampler is not None else None)
@@ -82,7 +90,13 @@ def build_app(
         settings, registry, live=live, sampler=sampler, backlog=backlog, decoders=(decoder,)
     )
     router = Router()
-    api.mount(router, store, consumer.fleet)
+    exporter = consumer.statistics
+    api.mount(
+        router,
+        store,
+        consumer.fleet,
+        statistics=(lambda: exporter.latest) if exporter is not None else None,
+    )
     app = App(
         settings,
         consumer=consumer,
@@ -98,6 +112,36 @@ def build_app(
         },
     )
     return app
+
+
+def _query_app(settings: Settings, registry: CollectorRegistry) -> App:
+    """``mode = query``: no receivers, no learners; the merged view of ``query.peers``
+    (:mod:`daemon.query.view`), refreshed on the pipeline worker's ticks."""
+    static = settings.catalog
+    store = SnapshotStore(
+        settings.publish.snapshot_dir, settings.publish.retention, registry=registry
+    )
+    view = FleetView(
+        settings.query,
+        settings.learners,
+        store,
+        resolver=BasisResolver(
+            models_dir=static.models_dir or None, hardware_dir=static.hardware_dir or None
+        ),
+        state=CheckpointStore(settings.state.state_dir) if settings.state.state_dir else None,
+        metrics=registry,
+    )
+    if settings.state.restore:
+        view.restore()
+    router = Router()
+    api.mount(router, store, view, annotate=view.instances)
+    return App(
+        settings,
+        consumer=view,
+        registry=registry,
+        router=router,
+        readiness={"peers": view.readiness},
+    )
 
 
 def build_consumer(
@@ -170,6 +214,7 @@ def _learning(
         live=live,
         load=load,
         fleet=FleetPublisher(learners, registry),
+        statistics=StatisticsExporter(learners, settings.query.statistics_interval_seconds),
     )
     if checkpoints is not None and settings.state.restore:
         consumer.restore()

@@ -318,6 +318,11 @@ class Settings(BaseSettings):
                 if "endpoint" not in section.model_fields_set:
                     _, port = parse_endpoint(section.endpoint)
                     object.__setattr__(section, "endpoint", f"127.0.0.1:{port}")
+        if self.mode == "query":
+            # the query tier receives nothing: no OTLP, no KV (only its HTTP API)
+            for section in (self.receivers.otlp_grpc, self.receivers.otlp_http):
+                object.__setattr__(section, "enabled", False)
+            object.__setattr__(self.kv, "endpoints", [])
         if self.mode == "query" and not self.query.peers:
             raise InvalidSetting(
                 "query.peers",

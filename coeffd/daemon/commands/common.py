@@ -48,7 +48,20 @@ _FLAGS: tuple[tuple[str, str, Any, str], ...] = (
 # Flags of the daemon proper (serve, demo): output, state and the static configuration of
 # a sidecar's vLLM, mirroring vLLM's own argument names.
 _SERVE_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
-    ("--mode", "mode", str, "standalone (fleet service) or sidecar (receivers on localhost)"),
+    (
+        "--mode",
+        "mode",
+        str,
+        "standalone (fleet service), sidecar (receivers on localhost) or query (merged view "
+        "of --peers)",
+    ),
+    (
+        "--peers",
+        "query.peers",
+        str,
+        "query: coeffd instances to merge, comma-separated http(s)://HOST:PORT and/or "
+        "dns+HEADLESS-SERVICE:PORT",
+    ),
     ("--kv-endpoint", "kv.endpoints", str, "ZMQ KV-event endpoint(s), comma-separated"),
     ("--snapshot-dir", "publish.snapshot_dir", str, "where coefficient snapshots are written"),
     ("--state-dir", "state.state_dir", str, "where learner checkpoints are written"),

@@ -32,6 +32,7 @@ from coeffd.daemon.load import EngineSampler, LoadController, LoadShedder
 from coeffd.daemon.publish.policy import PublishPolicy
 from coeffd.daemon.publish.snapshot import Snapshot
 from coeffd.daemon.publish.store import SnapshotStore
+from coeffd.daemon.query.statistics import StatisticsExporter
 from coeffd.daemon.writer import Writer
 from coeffd.joiner import Joiner
 from coeffd.learners.estimates import Scored
@@ -70,6 +71,7 @@ class LearningConsumer:
         live: bool = True,
         load: LoadController,
         fleet: FleetPublisher | None = None,
+        statistics: StatisticsExporter | None = None,
     ) -> None:
         self.joiner = joiner
         self.registry = registry
@@ -131,6 +133,8 @@ class LearningConsumer:
         self.restored = False
         #: The fleet model (snapshot ``fleet``, ``/v1/predict``), refitted on its cadence.
         self.fleet = fleet
+        #: ``/v1/statistics`` for a query tier, rebuilt on its cadence on this thread.
+        self.statistics = statistics
 
     # ------------------------------------------------------------------ state
     def restore(self) -> bool:
@@ -231,6 +235,8 @@ class LearningConsumer:
         self.publisher.publish_fleet(now)
         if self.checkpointer.due(now):
             self.checkpointer.checkpoint()
+        if self.statistics is not None:
+            self.statistics.tick(now)
         if self.live_view:
             self._live_rows = self._rows_now()
 
@@ -246,6 +252,8 @@ class LearningConsumer:
             # Nothing consumed: what is on disk already is this state, and a start that
             # failed (a port in use) must leave no files behind.
             self.checkpointer.checkpoint()
+        if self.statistics is not None:
+            self.statistics.tick(now, force=True)
         if self.live_view:
             self._live_rows = self._rows_now()
         self.writer.close()

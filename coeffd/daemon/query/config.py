@@ -24,6 +24,9 @@ class QuerySettings(BaseModel):
     #: Peers asked at once.
     concurrency: int = Field(default=8, ge=1, le=256)
     client: PeerClientSettings = Field(default_factory=PeerClientSettings)
+    #: Every instance (not only the query tier): how often it rebuilds its own
+    #: ``/v1/statistics`` document for query tiers to read.
+    statistics_interval_seconds: float = Field(default=5.0, gt=0.0, le=3600.0)
 
     @field_validator("peers")
     @classmethod

@@ -24,6 +24,7 @@ and of the basis' width. One bad configuration costs that configuration, not the
 from __future__ import annotations
 
 import math
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ __all__ = [
     "ConfigStatistics",
     "PeerStatistics",
     "StatisticsError",
+    "StatisticsExporter",
     "export_statistics",
     "parse_statistics",
 ]
@@ -171,3 +173,20 @@ def _config(cid: str, entry: Any, registry: LearnerRegistry) -> ConfigStatistics
                     k: float(v) for k, v in vals.items() if v is not None
                 }
     return ConfigStatistics(cid, state, x.reshape(n, len(TERM_NAMES)), y, clean)
+
+
+class StatisticsExporter:
+    """Rebuilds the document every ``interval_s`` on the learners' thread; HTTP threads
+    read :attr:`latest` (one reference swap: no lock, never a half-built document)."""
+
+    def __init__(self, registry: LearnerRegistry, interval_s: float = 5.0, name: str = "") -> None:
+        self.registry = registry
+        self.interval_s = interval_s
+        self.instance = {"name": name or socket.gethostname(), "started_wall_ns": time.time_ns()}
+        self.latest: bytes | None = None
+        self._due = 0.0
+
+    def tick(self, now: float, force: bool = False) -> None:
+        if force or now >= self._due:
+            self._due = now + self.interval_s
+            self.latest = export_statistics(self.registry, self.instance)

@@ -370,6 +370,18 @@ class FleetView:
                 self._fleet_last = snap
         return model
 
+    # ------------------------------------------- the pipeline's consumer (query mode)
+    def consume(self, records: Sequence[Any]) -> None:
+        """Nothing is received in query mode; a record that arrives is ignored."""
+
+    def close(self) -> None:
+        """Keep the peers' last statistics for the next start."""
+        self._save()
+
+    def readiness(self) -> str | None:
+        """Ready once the peers were asked (even if none answered: stale views serve)."""
+        return None if self.refreshes or self._peers else "peers not asked yet"
+
     # ------------------------------------------------------------------- answering
     def predict(self, description: Mapping[str, Any]) -> Prediction | None:
         """The fleet model's prediction (``/v1/predict``), None before the first refresh."""
