@@ -129,11 +129,78 @@ def to_blis_args(
     unnamed = _unnamed(model, gpu, tp)
     if unnamed:
         notes.append(_unnamed_note(ref.id, desc.get("kind") == "fleet", unnamed))
+    if desc.get("kind") != "fleet":  # the fleet vector describes no one engine
+        engine, engine_notes = engine_args(desc)
+        args += engine
+        notes += engine_notes
     if defaults_path is not None:
         args += ["--defaults-filepath", str(Path(defaults_path).absolute())]
     else:
         args += to_flag_args(snapshot)
     return args, notes
+
+
+#: The engine knobs BLIS has a flag for: description key → (flag, BLIS's default when
+#: the flag is absent). BLIS rejects 0 and negatives for all but ``--max-model-len``
+#: (0 = unlimited, or derived from the model's ``max_position_embeddings``), so only
+#: positive values are ever printed (``cmd/root.go`` of BLIS f90a1e3).
+ENGINE_FLAGS: tuple[tuple[str, str, str], ...] = (
+    ("max_num_batched_tokens", "--max-num-batched-tokens", "2048"),
+    ("max_num_seqs", "--max-num-seqs", "256"),
+    ("max_model_len", "--max-model-len", "derived from the model's max_position_embeddings"),
+    ("kv_blocks_total_gpu", "--total-kv-blocks", "1000000, no KV pressure"),
+    ("block_size", "--block-size-in-tokens", "16"),
+)
+
+#: Engine knobs coeffd records that no BLIS flag describes (BLIS simulates its own
+#: behaviour for them): named in a note when set, so the difference is visible.
+NO_BLIS_FLAG: tuple[str, ...] = ("prefix_caching", "async_scheduling", "kv_cache_dtype")
+
+
+def engine_args(desc: dict[str, object]) -> tuple[list[str], list[str]]:
+    """The ``blis run`` flags that describe the measured engine's scheduler and KV cache,
+    and notes naming the knobs left to BLIS's defaults.
+
+    BLIS otherwise simulates its own engine (2048 batched tokens, 256 sequences, a
+    million KV blocks): coefficients learned under ``max_num_batched_tokens=512`` would be
+    judged on a different schedule than the one measured.
+
+    >>> engine_args({"max_num_batched_tokens": 512, "max_num_seqs": 64, "block_size": 16,
+    ...              "max_model_len": 8192, "kv_blocks_total_gpu": 30000})[0]
+    ['--max-num-batched-tokens', '512', '--max-num-seqs', '64', '--max-model-len', '8192', '--total-kv-blocks', '30000', '--block-size-in-tokens', '16']
+    >>> engine_args({"max_num_seqs": "0", "block_size": 16})[0]  # BLIS rejects 0
+    ['--block-size-in-tokens', '16']
+    """
+    args: list[str] = []
+    missing: list[str] = []
+    for key, flag, default in ENGINE_FLAGS:
+        value = _positive_int(desc.get(key))
+        if value is None:
+            missing.append(f"{flag} ({default})")
+        else:
+            args += [flag, str(value)]
+    notes: list[str] = []
+    if missing:
+        notes.append(
+            f"left to BLIS's defaults: {', '.join(missing)}: the configuration does not report them"
+        )
+    unmodelled = [f"{key}={desc[key]}" for key in NO_BLIS_FLAG if desc.get(key) not in (None, "")]
+    if unmodelled:
+        notes.append(
+            f"no BLIS flag describes {', '.join(unmodelled)}: BLIS simulates its own behaviour"
+        )
+    return args, notes
+
+
+def _positive_int(value: object) -> int | None:
+    """``value`` as an integer > 0 (labels arrive as strings), else None."""
+    if isinstance(value, bool) or value in (None, ""):
+        return None
+    try:
+        number = int(str(value).strip()) if not isinstance(value, int) else value
+    except ValueError:
+        return None
+    return number if number > 0 else None
 
 
 def _unnamed(model: str, gpu: str, tp: str) -> list[str]:

@@ -3,7 +3,12 @@
 Trained-physics uses only ``TFlopsPeak``, ``TFlopsFP8`` and ``BwPeakTBs`` (spec §1.3); the
 extended features also use ``NvlinkGBs`` (GPU↔GPU, per direction) and ``PcieGBs`` (host
 link, per direction). The bundled sheet ``data/hardware.json`` is coeffd's own; for H100,
-A100-SXM, A100-80 and L40S its BLIS keys equal BLIS's bundled values (spec §9.1).
+A100-SXM, A100-80 and L40S its BLIS keys equal BLIS's bundled values (spec §9.1); H200 and
+B200 borrow H100's mfu values (not calibrated). ``TFlopsPeak`` is dense BF16/FP16 TFLOPS,
+``TFlopsFP8`` dense FP8 TFLOPS (0 = no native FP8), ``BwPeakTBs`` HBM TB/s, ``NvlinkGBs`` 0 =
+no NVLink (peers talk over PCIe). The sheet holds GPU entries only: ``coeffd pull --format
+blis-args`` hands it to BLIS as ``--hardware-config``, and BLIS decodes every top-level key
+as a GPU (a ``"_comment"`` string made ``blis run`` fail, issue 31).
 
 Field names are matched case-insensitively, as Go's JSON decoder does (notes item 20), so a
 sheet BLIS accepts is accepted here too.
