@@ -32,7 +32,10 @@ K8S_VERSIONS = (kubernetes_validate.latest_version(), "1.29.0")
 
 #: Kinds that are CRDs, not core Kubernetes: validated against our own subset of the
 #: CRD's OpenAPI schema (kubernetes_validate bundles only built-in kinds).
-CRD_SCHEMAS = {("monitoring.coreos.com/v1", "ServiceMonitor"): SCHEMAS / "servicemonitor.json"}
+CRD_SCHEMAS = {
+    ("monitoring.coreos.com/v1", kind): SCHEMAS / f"{kind.lower()}.json"
+    for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule")
+}
 
 
 def render(

@@ -303,9 +303,14 @@ def test_alert_runbooks_point_at_sections_of_this_repository() -> None:
         assert doc.is_file(), f"{r['alert']}: {path} is not a file of the repository"
         assert anchor in _anchors(doc.read_text()), f"{r['alert']}: no section #{anchor}"
         with_runbook[r["alert"]] = url
-    assert {"CoeffdQueryPeersStale", "CoeffdQueryPeerErrors", "CoeffdQueryNoPeers"} <= set(
-        with_runbook
-    )
+    assert {
+        "CoeffdDown",
+        "CoeffdAbsent",
+        "CoeffdThreadRestarts",
+        "CoeffdQueryPeersStale",
+        "CoeffdQueryPeerErrors",
+        "CoeffdQueryNoPeers",
+    } <= set(with_runbook)
 
 
 def test_query_tier_alerts_and_dashboard_row() -> None:

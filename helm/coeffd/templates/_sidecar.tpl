@@ -28,7 +28,7 @@ the tracing and KV-event flags pointed at the sidecar on localhost.
   {{- if and (eq $v.mode "sidecar") $v.sidecar.native }}
   restartPolicy: Always
   {{- end }}
-  args: ["serve", "--config", "/etc/coeffd/config.toml"]
+  args: {{ concat (list "serve" "--config" "/etc/coeffd/config.toml") ($v.extraArgs | default list) | toJson }}
   {{- with $v.extraEnv }}
   env:
     {{- toYaml . | nindent 4 }}
@@ -73,7 +73,7 @@ the tracing and KV-event flags pointed at the sidecar on localhost.
     {{- include "coeffd.volumeMounts" . | nindent 4 }}
 {{- end -}}
 
-{{/* Every coeffd container's mounts: config, data, /tmp, the security Secrets. */}}
+{{/* Every coeffd container's mounts: config, data, /tmp, the security Secrets, extraVolumeMounts. */}}
 {{- define "coeffd.volumeMounts" -}}
 {{- $sec := .values.security | default dict -}}
 - name: coeffd-config
@@ -93,6 +93,9 @@ the tracing and KV-event flags pointed at the sidecar on localhost.
   mountPath: {{ .mountPath }}
   readOnly: true
 {{- end }}{{ end }}
+{{- with .values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{- define "coeffd.sidecarContainer" -}}
@@ -109,7 +112,7 @@ the tracing and KV-event flags pointed at the sidecar on localhost.
 {{ include "coeffd.runtimeVolumes" . }}
 {{- end -}}
 
-{{/* /tmp and the Secrets of security.tls / security.token (every coeffd pod). */}}
+{{/* /tmp, the Secrets of security.tls / security.token and extraVolumes (every coeffd pod). */}}
 {{- define "coeffd.runtimeVolumes" -}}
 - name: coeffd-tmp
   emptyDir:
@@ -132,6 +135,9 @@ the tracing and KV-event flags pointed at the sidecar on localhost.
         path: {{ .key }}
     defaultMode: 0444
 {{- end }}{{ end }}
+{{- with .values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{- define "coeffd.sidecarVolumes" -}}
