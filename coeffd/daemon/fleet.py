@@ -5,11 +5,17 @@
 learner sets, publishes the fleet vector as snapshot ``fleet`` through the same store and
 writer as every configuration (same BLIS validation: a vector BLIS would refuse is never
 published), with its leave-one-configuration-out errors in the snapshot (``loco``) and as
-the gauge ``coeffd_fleet_loco_error{config, coefficients}``.
+the gauge ``coeffd_fleet_loco_error_ratio{config, coefficients}``.
 
 The model it built is then swapped in as :attr:`FleetPublisher.model` in one reference
 assignment; the HTTP API's ``/v1/predict`` reads it from its own threads. A built model is
 never mutated (its pooled prior is a private copy), so readers need no lock.
+
+The source each described configuration was answered with is remembered (the newest
+:data:`REMEMBERED` descriptions) and handed to the next model's prediction as its
+``incumbent``: a refit on slightly different data keeps the answer's source unless
+another candidate is clearly better (:mod:`learners.fleet.model`, "Why hysteresis"),
+so the same query does not flip between sources a minute apart.
 
 No fleet snapshot before ``min_configurations`` (2) configurations have learned steps: a
 "fleet" of one would be that configuration's vector under a global name — exactly what
@@ -19,10 +25,13 @@ No fleet snapshot before ``min_configurations`` (2) configurations have learned 
 from __future__ import annotations
 
 import math
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
 import structlog
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -40,6 +49,8 @@ log = structlog.get_logger(__name__)
 #: Seconds between fleet refits: a fleet vector averages many configurations and moves
 #: slowly; a refit with LOCO costs ~0.1 ms per configuration pair.
 FLEET_INTERVAL_S = 10.0
+#: Described configurations whose answered source is remembered (oldest forgotten first).
+REMEMBERED = 4096
 
 
 def _stats(mape: float, n: int) -> ErrorStats:
@@ -105,11 +116,14 @@ class FleetPublisher:
         self._due = 0.0
         self.refits = 0
         self._rejected_logged: set[str] = set()
+        #: description (canonical JSON) → source it was last answered with
+        self._answered: OrderedDict[bytes, str] = OrderedDict()
+        self._answered_lock = threading.Lock()
         self._loco: Gauge | None = None
         self._members: Gauge | None = None
         if metrics is not None:
             self._loco = Gauge(
-                "coeffd_fleet_loco_error",
+                "coeffd_fleet_loco_error_ratio",
                 "Leave-one-configuration-out step-time MAPE of the fleet model (and of each "
                 "prediction candidate, and BLIS's defaults) on each configuration's recent steps",
                 ["config", "coefficients"],
@@ -171,6 +185,18 @@ class FleetPublisher:
                 self._loco.labels("mean", source).set(v)
 
     def predict(self, description: Mapping[str, Any]) -> Prediction | None:
-        """A prediction for an unseen configuration (None before the first refit)."""
+        """A prediction for an unseen configuration (None before the first refit), from
+        the source it was answered with before while that stays close to the best."""
         model = self.model
-        return None if model is None else model.predict(description)
+        if model is None:
+            return None
+        key = orjson.dumps(dict(description), option=orjson.OPT_SORT_KEYS, default=str)
+        with self._answered_lock:
+            incumbent = self._answered.get(key)
+        p = model.predict(description, incumbent=incumbent)
+        with self._answered_lock:
+            self._answered[key] = p.source
+            self._answered.move_to_end(key)
+            while len(self._answered) > REMEMBERED:
+                self._answered.popitem(last=False)
+        return p

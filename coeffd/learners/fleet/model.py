@@ -55,6 +55,14 @@ mean ≤ one standard error), the factor model is used: cross-validation's
 one-standard-error rule, with the steadiest model where the rule takes the simplest.
 (Measurements: ``bench/README.md``, "How the fleet model got here".)
 
+Why hysteresis. Every refit (each ``FLEET_INTERVAL_S``, on new rows) moves the LOCO errors
+by about their standard error, so a target whose candidates sit near the one-SE line
+flipped between them from one refit to the next — the same unseen setup answered
+``fleet_factors, 3.6 %`` and a minute later ``fleet_local, 14.3 %`` (the two sources state
+their error on different bases). A source once answered for a target (``incumbent``) is
+kept while it stays within :data:`KEEP_SE` standard errors of the best: the one-SE rule
+decides where to enter, the wider band where to leave, so refit noise no longer flips it.
+
 References
 ----------
 Hastie, T., Tibshirani, R. and Friedman, J. (2009). *The Elements of Statistical
@@ -96,10 +104,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FLEET_SIMILARITY_WEIGHTS",
+    "KEEP_SE",
     "PREFERRED_SOURCE",
     "SOURCES",
     "FleetModel",
     "one_se_choice",
+    "paired_excess",
 ]
 
 FloatArray = npt.NDArray[np.float64]
@@ -121,34 +131,64 @@ SOURCES: tuple[str, ...] = ("fleet", "fleet_local", "fleet_factors", "pooled_pri
 #: The candidate preferred when the relatives' LOCO errors cannot tell it from the best
 #: (:func:`one_se_choice`; module docs: it extrapolates most steadily to other loads).
 PREFERRED_SOURCE = "fleet_factors"
+#: Standard errors within which the source answered before for a target is kept (module
+#: docs, "Why hysteresis"): twice the one-SE rule's band.
+KEEP_SE = 2.0
+
+
+def paired_excess(a: FloatArray, b: FloatArray, weights: FloatArray) -> tuple[float, float]:
+    """``(excess, se)``: weighted mean of ``a - b`` and its standard error (standard
+    deviation / √(n_eff − 1), ``n_eff = (Σw)² / Σw²``).
+
+    >>> paired_excess(np.array([1.5, 2.5]), np.array([1.0, 2.0]), np.ones(2))
+    (0.5, 0.0)
+    """
+    w = np.asarray(weights, dtype=float)
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    excess = float(w @ d / w.sum())
+    sd = math.sqrt(float(w @ (d - excess) ** 2 / w.sum()))
+    n_eff = float(w.sum() ** 2 / (w @ w))
+    return excess, sd / math.sqrt(max(n_eff - 1.0, 1.0))
 
 
 def one_se_choice(
-    errors: Mapping[str, FloatArray], weights: FloatArray, prefer: str = PREFERRED_SOURCE
+    errors: Mapping[str, FloatArray],
+    weights: FloatArray,
+    prefer: str = PREFERRED_SOURCE,
+    incumbent: str | None = None,
 ) -> tuple[str, str]:
     """``(chosen, best)`` of candidates scored on the same configurations.
 
     ``errors[source][i]``: the source's LOCO error on configuration ``i``, whose weight is
-    ``weights[i]``. ``best`` has the lowest weighted mean error; ``chosen`` is ``prefer``
-    when its paired differences to ``best`` have a weighted mean within one standard error
-    (standard deviation / √(n_eff − 1), ``n_eff = (Σw)² / Σw²``), else ``best``.
+    ``weights[i]``. ``best`` has the lowest weighted mean error; ``chosen`` is
+    ``incumbent`` (the source answered before) while its paired differences to ``best``
+    have a weighted mean within :data:`KEEP_SE` standard errors (:func:`paired_excess`),
+    else ``prefer`` within one standard error, else ``best``.
 
     >>> w = np.ones(4)
     >>> one_se_choice({"a": np.array([1.0, 2, 3, 4]), "b": np.array([1.2, 1.8, 3.3, 3.9])}, w, "b")
     ('b', 'a')
     >>> one_se_choice({"a": np.array([1.0, 2, 3, 4]), "b": np.array([1.5, 2.5, 3.6, 4.4])}, w, "b")
     ('a', 'a')
+    >>> one_se_choice({"a": np.array([1.0, 2, 3, 4]), "b": np.array([1.5, 2.5, 3.6, 4.4])}, w, "a",
+    ...               incumbent="b")
+    ('a', 'a')
+    >>> one_se_choice({"a": np.array([1.0, 2, 3, 4]), "b": np.array([1.1, 2.0, 3.2, 4.0])}, w, "a",
+    ...               incumbent="b")
+    ('b', 'a')
     """
     w = np.asarray(weights, dtype=float)
     mean = {s: float(w @ e / w.sum()) for s, e in errors.items()}
     best = min(mean, key=lambda s: mean[s])
-    if prefer not in errors or prefer == best:
-        return best, best
-    d = np.asarray(errors[prefer]) - np.asarray(errors[best])
-    excess = mean[prefer] - mean[best]
-    sd = math.sqrt(float(w @ (d - excess) ** 2 / w.sum()))
-    n_eff = float(w.sum() ** 2 / (w @ w))
-    return (prefer if excess <= sd / math.sqrt(max(n_eff - 1.0, 1.0)) else best), best
+    for source, band in ((incumbent, KEEP_SE), (prefer, 1.0)):
+        if source is None or source not in errors:
+            continue
+        if source == best:
+            return best, best
+        excess, se = paired_excess(errors[source], errors[best], w)
+        if excess <= band * se:
+            return source, best
+    return best, best
 
 
 def _valid(v: FloatArray, n: int) -> bool:
@@ -499,9 +539,12 @@ class FleetModel:
         description: Mapping[str, Any],
         source: str | None = None,
         exclude: str | None = None,
+        incumbent: str | None = None,
     ) -> Prediction:
         """Coefficients for a described configuration from the other members (``exclude``
-        leaves one out). ``source`` forces a candidate; default: the best by LOCO."""
+        leaves one out). ``source`` forces a candidate; default: the best by LOCO, or
+        ``incumbent`` (the source answered for it before) while within :data:`KEEP_SE`
+        standard errors of the best (module docs, "Why hysteresis")."""
         r = self.result()
         key = exclude
         if not self.members or (len(self.members) < 2 and source is None):
@@ -519,7 +562,7 @@ class FleetModel:
         }
         best = None
         if source is None and stats:
-            src, best = self._choose(kern, tuple(stats))
+            src, best = self._choose(kern, tuple(stats), incumbent)
         else:
             src = source or r.best_source
         beta = self.candidate_beta(src, description, exclude=key)
@@ -570,7 +613,9 @@ class FleetModel:
             self._moments = row_moments(self.members.values(), len(self.default_beta))
         return self._moments
 
-    def _choose(self, kern: Mapping[str, float], sources: Sequence[str]) -> tuple[str, str]:
+    def _choose(
+        self, kern: Mapping[str, float], sources: Sequence[str], incumbent: str | None = None
+    ) -> tuple[str, str]:
         """``(chosen, best)`` among ``sources`` by :func:`one_se_choice` over the target's
         relatives (kernel weights) scored by every one of them."""
         rows = [
@@ -582,4 +627,5 @@ class FleetModel:
             best = min(sources, key=lambda s: self.result().summary.get(s, math.inf))
             return best, best
         w = np.array([wk for wk, _ in rows])
-        return one_se_choice({s: np.array([row[s].mape for _, row in rows]) for s in sources}, w)
+        errors = {s: np.array([row[s].mape for _, row in rows]) for s in sources}
+        return one_se_choice(errors, w, incumbent=incumbent)
