@@ -66,12 +66,18 @@ import orjson
 from coeffd.daemon.predict import as_snapshot, error_text, iso_time, render
 from coeffd.daemon.predict import comment as prediction_comment
 from coeffd.daemon.publish.blis import to_blis_args
-from coeffd.daemon.publish.defaults_rewrite import DefaultsUpdate, own_comment, plan_defaults_update
+from coeffd.daemon.publish.defaults_rewrite import DefaultsUpdate, plan_defaults_update
 from coeffd.daemon.publish.defaults_schema import DefaultsYamlError
-from coeffd.daemon.publish.snapshot import InvalidCoefficientsError, Snapshot, decode_snapshot
+from coeffd.daemon.publish.snapshot import (
+    ALPHA_NAMES,
+    InvalidCoefficientsError,
+    Snapshot,
+    decode_snapshot,
+)
 from coeffd.learners.features.catalog import resolve_model
 from coeffd.learners.features.model import ModelConfigError
 from coeffd.learners.fleet.results import FLEET_ID
+from coeffd.learners.targets import ALPHA_TARGETS
 
 __all__ = [
     "DEFAULT_SERVER",
@@ -383,7 +389,9 @@ def update_defaults(
     is untouched on any error. Through a symlink the file it points at is rewritten."""
     try:
         update: DefaultsUpdate = plan_defaults_update(path, snapshot.alpha, snapshot.beta, comment)
-    except (InvalidCoefficientsError, DefaultsYamlError) as exc:
+    except DefaultsYamlError as exc:
+        raise PullError(f"refusing to rewrite {path}: {exc.summary()}") from exc
+    except InvalidCoefficientsError as exc:
         raise PullError(f"refusing to rewrite {path}: {exc}") from exc
     except OSError as exc:
         raise PullError(f"cannot read {path}: {exc}") from exc
@@ -450,16 +458,27 @@ def pull(args: argparse.Namespace) -> str:
         snap = decode_snapshot(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise PullError(f"{url}: not a coefficient snapshot: {exc}") from exc
-    # One configuration's vector gets a comment only where one of ours stood (a fleet or
-    # prediction comment must not outlive its vector); the file is otherwise left as it
+    # One configuration's vector gets its provenance comment above the block (replacing
+    # any of ours: a fleet or prediction comment must not outlive its vector) and a
+    # warning naming the terms still at their prior; the file is otherwise left as it
     # was, byte for byte outside the lists.
-    comment = config_comment(snap) if args.defaults and _has_own_comment(args.defaults) else None
+    comment = config_comment(snap) if args.defaults else None
     what = None
     if snap.config_id == FLEET_ID:
         if not args.force:
             refuse_worse_fleet(snap, args.defaults)
         comment, what = fleet_comment(snap), f"the fleet vector, version {snap.version}"
-    return "\n".join(_write_and_format(args, snap, url, comment, what))
+    out = _write_and_format(args, snap, url, comment, what)
+    if args.defaults and snap.config_id != FLEET_ID and (at_prior := prior_terms(snap)):
+        print(
+            f"coeffd pull: warning: configuration {snap.config_id} "
+            f"({configuration_name(snap.configuration.labels)}) has not learned "
+            f"{'; '.join(at_prior)} from its data: they keep their prior (BLIS's defaults or "
+            "the pooled prior of similar configurations). What would identify each: "
+            f"coeffd pull --config {snap.config_id} --format json (identify_with)",
+            file=sys.stderr,
+        )
+    return "\n".join(out)
 
 
 def _write_and_format(
@@ -597,13 +616,6 @@ def _selecting_flags(other: Mapping[str, Any]) -> str:
     )
 
 
-def _has_own_comment(path: str) -> bool:
-    try:
-        return own_comment(Path(path).read_text(encoding="utf-8")) is not None
-    except (OSError, UnicodeDecodeError):
-        return False  # plan_defaults_update reports the problem
-
-
 def _pct(e: Any) -> str:
     return f"{100 * e.mape:.1f} %" if e is not None and e.mape is not None else "unknown"
 
@@ -640,14 +652,48 @@ def fleet_comment(snap: Snapshot) -> str:
     )
 
 
+def prior_terms(snap: Snapshot) -> list[str]:
+    """The α and β terms of a configuration's snapshot its data did not pin down, in words:
+    α targets without a learned vector, β terms ``identification`` calls ``prior`` (and
+    those only identified in a combination, ``data+prior``).
+
+    >>> from coeffd.daemon.publish.snapshot import ConfigurationRef
+    >>> snap = Snapshot(configuration=ConfigurationRef(id="a1"), version=1, wall_ns=0,
+    ...     alpha=(1.0, 2.0, 3.0), beta=(1.0,) * 11,
+    ...     observations={"beta": 90, "finished_to_departed": 9, "output_token": 9},
+    ...     identification={"L": "prior", "one": "data+prior", "B": "data"})
+    >>> prior_terms(snap)
+    ['alpha[0] (queueing_time)', 'beta L (1 of 11 at the prior)', 'beta one (its split from others)']
+    """
+    out = [
+        f"alpha[{i}] ({ALPHA_NAMES[i]})"
+        for i, target in enumerate(ALPHA_TARGETS)
+        if not snap.observations.get(target)
+    ]
+    prior = [n for n, src in snap.identification.items() if src == "prior"]
+    split = [n for n, src in snap.identification.items() if src == "data+prior"]
+    if prior:
+        out.append(f"beta {', '.join(prior)} ({len(prior)} of {len(snap.beta)} at the prior)")
+    if split:
+        out.append(f"beta {', '.join(split)} (its split from others)")
+    return out
+
+
 def config_comment(snap: Snapshot) -> str:
-    """The ``defaults.yaml`` comment for one configuration's vector: whose it is."""
+    """The ``defaults.yaml`` comment for one configuration's vector: whose it is, how good,
+    and how many terms are still at their prior."""
     step = snap.prequential.get("step_period", {})
+    alpha0 = not snap.observations.get(ALPHA_TARGETS[0])
+    prior = sum(src == "prior" for src in snap.identification.values())
+    at_prior = " and ".join(
+        (["alpha0"] if alpha0 else []) + ([f"{prior} of {len(snap.beta)} beta"] if prior else [])
+    )
     return (
         f"# coeffd {snap.coeffd_version}: configuration {snap.config_id} "
         f"({configuration_name(snap.configuration.labels)}) only, step-time error "
         f"{_pct(step.get('learned'))} (BLIS defaults {_pct(step.get('blis_default'))}), "
         f"version {snap.version}, {iso_time(snap.wall_ns)}"
+        + (f"; still at their prior: {at_prior}" if at_prior else "")
     )
 
 

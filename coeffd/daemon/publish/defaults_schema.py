@@ -31,11 +31,57 @@ __all__ = [
 
 
 class DefaultsYamlError(ValueError):
-    """A ``defaults.yaml`` BLIS would refuse to load (strict schema, §8.1), or one we won't rewrite."""
+    """A ``defaults.yaml`` BLIS would refuse to load (strict schema, §8.1), or one we won't rewrite.
 
-    def __init__(self, problems: Sequence[str]) -> None:
+    ``problems``: every one, with its line; ``unknown``: the ``(where, field)`` of each
+    field the schema does not declare; :meth:`summary` says it in one short line.
+    """
+
+    def __init__(
+        self,
+        problems: Sequence[str],
+        unknown: Sequence[tuple[str, str]] = (),
+        root_keys: int | None = None,
+    ) -> None:
         self.problems = list(problems)
+        self.unknown = list(unknown)
+        #: how many top-level keys the document has (None: not known)
+        self.root_keys = root_keys
         super().__init__("; ".join(self.problems))
+
+    def summary(self) -> str:
+        """What is wrong and what to do, in one line (a file of an older or newer BLIS
+        repeats one unknown field per model: said once, with the count).
+
+        >>> print(DefaultsYamlError(["<root>: field foo not found in type (line 1)"],
+        ...                         [("<root>", "foo")]).summary())  # doctest: +ELLIPSIS
+        this is not a BLIS defaults.yaml: its top-level keys (foo) are none of BLIS's (...
+        >>> e = DefaultsYamlError(["x"] * 29, [(f"defaults.m{i}", "vllm_version") for i in range(29)])
+        >>> e.summary()  # doctest: +ELLIPSIS
+        'this defaults.yaml has fields this coeffd does not know (vllm_version, 29 entries): ...'
+        """
+        if not self.unknown:
+            shown = "; ".join(self.problems[:3])
+            more = len(self.problems) - 3
+            return shown + (f" (and {more} more)" if more > 0 else "")
+        root = [f for where, f in self.unknown if where == "<root>"]
+        if root and len(root) == (self.root_keys or len(self.unknown)):
+            return (
+                f"this is not a BLIS defaults.yaml: its top-level keys ({', '.join(root[:5])}) "
+                f"are none of BLIS's ({', '.join(TOP_LEVEL_KEYS)}); pass the defaults.yaml "
+                "from your BLIS checkout (or a copy of it)"
+            )
+        names = list(dict.fromkeys(f for _w, f in self.unknown))
+        listed = ", ".join(names[:4]) + (", …" if len(names) > 4 else "")
+        other = len(self.problems) - len(self.unknown)
+        return (
+            f"this defaults.yaml has fields this coeffd does not know ({listed}, "
+            f"{len(self.unknown)} entries): it comes from a newer or older BLIS than the "
+            "schema coeffd checks against, so coeffd will not guess whether that BLIS loads "
+            "the rewrite. Use the defaults.yaml of the BLIS you run, or leave the file alone "
+            "and pass the coefficients as flags: coeffd pull --config ID --format blis-args"
+            + (f" (also {other} other problem(s): {self.problems[0]})" if other > 0 else "")
+        )
 
 
 _STR = "tag:yaml.org,2002:str"
@@ -103,6 +149,12 @@ class _Checker:
 
     def __init__(self) -> None:
         self.problems: list[str] = []
+        self.unknown: list[tuple[str, str]] = []
+        self.root_keys = 0
+
+    def unknown_field(self, node: Node, path: str, key: str) -> None:
+        self.unknown.append((path, key))
+        self.fail(node, path, f"field {key} not found in type")
 
     def fail(self, node: Node, path: str, message: str) -> None:
         self.problems.append(f"{path}: {message} ({_where(node)})")
@@ -153,7 +205,7 @@ class _Checker:
         for key, knode, vnode in self.items(node, path):
             kind = fields.get(key)
             if kind is None:
-                self.fail(knode, path, f"field {key} not found in type")
+                self.unknown_field(knode, path, key)
             elif kind == "tiers":
                 self.tiers(vnode, f"{path}.{key}")
             else:
@@ -185,9 +237,11 @@ class _Checker:
         alpha = beta = None
         if root is None:
             return None, None
-        for key, knode, vnode in self.items(root, "<root>"):
+        found = self.items(root, "<root>")
+        self.root_keys = len(found)
+        for key, knode, vnode in found:
             if key not in TOP_LEVEL_KEYS:
-                self.fail(knode, "<root>", f"field {key} not found in type")
+                self.unknown_field(knode, "<root>", key)
             elif key == "version":
                 self.scalar(vnode, key, "str")
             elif key == "defaults":
@@ -208,7 +262,7 @@ class _Checker:
                     elif sub == BETA_KEY:
                         beta = self.numbers(svnode, f"{key}.{sub}")
                     else:
-                        self.fail(sknode, key, f"field {sub} not found in type")
+                        self.unknown_field(sknode, key, sub)
         return alpha, beta
 
 
@@ -252,7 +306,7 @@ def check_defaults_text(
             except InvalidCoefficientsError as exc:
                 problems.append(f"{BLOCK_KEY}: {exc}")
     if problems:
-        raise DefaultsYamlError(problems)
+        raise DefaultsYamlError(problems, checker.unknown, checker.root_keys)
     return alpha, beta
 
 

@@ -10,6 +10,7 @@ import pytest
 from publish_support import BLIS_DEFAULTS, make_snapshot, serve
 from publish_support import run_pull as _pull
 
+from coeffd.daemon.publish.defaults_rewrite import own_comment
 from coeffd.daemon.publish.defaults_schema import validate_defaults_yaml
 from coeffd.daemon.publish.store import SnapshotStore
 
@@ -33,7 +34,10 @@ def test_pull_defaults_rewrites_only_block(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr
         assert "version 7" in proc.stdout
         after = target.read_text()
-        assert _outside_block(after) == _outside_block(before)
+        # one line more: whose vector it is (issue 33), right above the block
+        comment = own_comment(after)
+        assert comment is not None and "configuration only-config" in comment
+        assert _outside_block(after.replace(comment + "\n", "")) == _outside_block(before)
         assert validate_defaults_yaml(target) == (list(snap.alpha), list(snap.beta))
 
         proc = _pull("--server", url, "--format", "flags")

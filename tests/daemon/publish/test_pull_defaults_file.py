@@ -114,7 +114,9 @@ def test_dry_run_prints_the_diff_and_writes_nothing_backup_keeps_the_old_file(
     minus = [ln for ln in out.splitlines() if ln.startswith("-") and not ln.startswith("---")]
     plus = [ln for ln in out.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
     assert minus == ["-  alpha_coeffs: [12000.5, 650.25, 40.125]", *minus[1:]]
-    assert len(minus) == len(plus) == 2 and "111.5" in plus[0]
+    # plus whose vector it is, above the block (issue 33)
+    assert plus[0].startswith("+# coeffd ") and "configuration cfg" in plus[0]
+    assert len(minus) == len(plus) - 1 == 2 and "111.5" in plus[1]
     assert not (tmp_path / "defaults.yaml.bak").exists()
 
     code, out, err = _run(capsys, "--server", url, "--defaults", str(target), "--backup")

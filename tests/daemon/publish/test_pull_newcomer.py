@@ -6,15 +6,17 @@ against the daemon's API over real HTTP."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
 import orjson
 import pytest
-from publish_support import make_snapshot, serve
+from publish_support import BLIS_DEFAULTS, make_snapshot, serve
 
 from coeffd.daemon.commands import configurations, pull
+from coeffd.daemon.publish.defaults_schema import validate_defaults_yaml
 from coeffd.daemon.publish.snapshot import ConfigurationRef, Snapshot
 from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.learners.features.config import ServingConfig
@@ -164,3 +166,64 @@ def test_unknown_option_prints_the_commands_usage(capsys: Capsys) -> None:
     err = capsys.readouterr().err
     assert exc.value.code == 2
     assert err.startswith("usage: coeffd pull ") and "unrecognized arguments: --cfg X" in err
+
+
+# ----------------------------------------------------------------- defaults.yaml
+
+
+def _defaults_copy(tmp_path: Path, extra: str = "") -> Path:
+    """The fixture, with ``extra`` under every ``defaults`` entry (as an older BLIS had)."""
+    text = BLIS_DEFAULTS.read_text()
+    if extra:
+        text = re.sub(r"(\n    GPU: \S+)", lambda m: f"{m.group(1)}\n    {extra}", text)
+    target = tmp_path / "defaults.yaml"
+    target.write_text(text)
+    return target
+
+
+def test_a_configurations_write_says_whose_and_what_is_still_prior(
+    fleet: Fleet, capsys: Capsys, tmp_path: Path
+) -> None:
+    url, store = fleet
+    snap = msgspec.structs.replace(
+        learned(MIXTRAL, 3000, version=5),
+        identification={
+            "T_pf_compute": "data",
+            "T_weight": "prior",
+            "L": "prior",
+            "one": "data+prior",
+        },
+        observations={"beta": 3000, "finished_to_departed": 400, "output_token": 400},
+    )
+    store.publish(snap)
+    target = _defaults_copy(tmp_path)
+    code, _, err = _pull(capsys, "--server", url, "--config", MIXTRAL.id, "--defaults", str(target))
+    assert code == 0, err
+    lines = target.read_text().splitlines()
+    above = lines[lines.index("trained_physics_coefficients:") - 1]
+    assert above.startswith("# coeffd ") and f"configuration {MIXTRAL.id}" in above
+    assert "version 5" in above and "still at their prior: alpha0 and 2 of 11 beta" in above
+    assert validate_defaults_yaml(target) == (list(snap.alpha), list(snap.beta))
+    warning = next(ln for ln in err.splitlines() if "warning" in ln)
+    assert "alpha[0] (queueing_time)" in warning and "T_weight, L" in warning
+    assert "identify_with" in warning
+
+
+def test_defaults_of_another_blis_and_non_blis_yaml_say_what_to_do(
+    fleet: Fleet, capsys: Capsys, tmp_path: Path
+) -> None:
+    url, _ = fleet
+    target = _defaults_copy(tmp_path, "vllm_version: v0.8.5")
+    before = target.read_bytes()
+    code, out, err = _pull(
+        capsys, "--server", url, "--config", MIXTRAL.id, "--defaults", str(target)
+    )
+    assert code == 1 and out == "" and target.read_bytes() == before
+    assert len(err.splitlines()) == 1 and len(err) < 600
+    assert err.count("vllm_version") == 1
+    assert "fields this coeffd does not know (vllm_version, 3 entries)" in err
+    assert "--format blis-args" in err  # what to do instead
+    other = tmp_path / "other.yaml"
+    other.write_text("foo: 1\nbar: [2, 3]\n")
+    code, _, err = _pull(capsys, "--server", url, "--config", MIXTRAL.id, "--defaults", str(other))
+    assert code == 1 and "not a BLIS defaults.yaml" in err and "top-level keys (foo, bar)" in err
