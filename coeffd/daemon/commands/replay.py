@@ -6,6 +6,10 @@ in the summary; add ``--serve`` to keep the API up while replaying).
 
 Reads the Collector file exporter's formats (see ``receivers.replay.reader``), waits
 for the pipeline instead of dropping when it is full, then drains and prints a summary.
+Observations whose traces name no configuration (no ``coeffd.model``/``coeffd.gpu``
+resource attributes: vLLM run without ``OTEL_RESOURCE_ATTRIBUTES``) are skipped; the
+summary then says so and how to name it: ``--mode sidecar --model-config NAME|config.json
+--hardware GPU --tp N``, as for a sidecar.
 """
 
 from __future__ import annotations
@@ -99,6 +103,35 @@ def _where(settings: Settings) -> str:
     )
 
 
+#: Why observations were skipped (``coeffd_observations_unconfigured_total{reason}``) →
+#: what to do about it.
+_SKIP_HINTS = {
+    "no_configuration": "the traces name no configuration (resource attributes coeffd.model, "
+    "coeffd.gpu missing): say what they came from, coeffd replay --mode sidecar "
+    "--model-config NAME|config.json --hardware GPU --tp N FILE…",
+    "invalid_configuration": "a coeffd.* resource attribute does not parse (e.g. a TP the "
+    "model cannot be split by): fix the attributes, or override them with --mode sidecar "
+    "--model-config … --hardware … --tp …",
+    "unknown_model": "the traces name a model coeffd does not have: --set "
+    "catalog.models_dir=DIR (DIR/NAME/config.json), or --mode sidecar --model-config "
+    "config.json --hardware GPU --tp N",
+    "unknown_gpu": "the traces name a GPU coeffd does not have: --set "
+    "catalog.hardware_dir=DIR (DIR/NAME.json), or --mode sidecar --hardware sheet.json",
+}
+
+
+def skipped_hints(app: App) -> list[str]:
+    """One line per reason observations were skipped as unconfigured, with what to do."""
+    out = []
+    for reason, hint in _SKIP_HINTS.items():
+        n = app.registry.get_sample_value(
+            "coeffd_observations_unconfigured_total", {"reason": reason}
+        )
+        if n:
+            out.append(f"coeffd replay: {int(n)} observation(s) skipped ({reason}): {hint}")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     """Replay, print the summary; 0 on success, 1 if nothing could be read, 2 on usage."""
     settings = settings_from_args(args)
@@ -137,6 +170,8 @@ def run(args: argparse.Namespace) -> int:
             f"{len(consumer.registry)} configuration(s); "
             f"{consumer.published} snapshot(s); {_where(settings)}"
         )
+        for line in skipped_hints(app):
+            print(line, file=sys.stderr)
     if summary.requests == 0 and summary.bad_lines:
         print(
             f"coeffd replay: no OTLP trace request could be read from {', '.join(args.files)}",
