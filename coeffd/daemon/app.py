@@ -13,7 +13,7 @@ import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
-from typing import Any
+from typing import Any, ClassVar
 
 import prometheus_client
 import structlog
@@ -35,7 +35,7 @@ from coeffd.receivers.occupancy import Occupancy
 from coeffd.receivers.otlp.decode import Decoder
 from coeffd.records.events import Record
 
-__all__ = ["App"]
+__all__ = ["App", "ListenerError"]
 
 log = structlog.get_logger(__name__)
 
@@ -43,6 +43,49 @@ log = structlog.get_logger(__name__)
 # Like other exporters: no ``*_created`` series (a timestamp per counter and histogram
 # child, ~1/3 of the series, that no dashboard or alert reads). Process-wide by design.
 prometheus_client.disable_created_metrics()
+
+
+class ListenerError(OSError):
+    """A listener could not start (a port in use, an address not here): the message names
+    the listener, its endpoint and the flag that moves it, for a one-line stderr report.
+
+    >>> str(ListenerError("http", "0.0.0.0:9464", OSError(98, "Address already in use")))
+    'http endpoint 0.0.0.0:9464: Address already in use; move it with --http-endpoint HOST:PORT'
+    """
+
+    #: listener → the command-line flag that sets its endpoint
+    FLAGS: ClassVar[dict[str, str]] = {
+        "http": "--http-endpoint HOST:PORT",
+        "otlp_grpc": "--otlp-grpc-endpoint HOST:PORT",
+        "otlp_http": "--otlp-http-endpoint HOST:PORT",
+        "kv": "--kv-endpoint tcp://HOST:PORT",
+    }
+
+    def __init__(self, listener: str, endpoint: str, cause: OSError) -> None:
+        self.listener, self.endpoint = listener, endpoint
+        reason = cause.strerror or str(cause)
+        flag = self.FLAGS.get(listener)
+        super().__init__(
+            cause.errno,
+            f"{listener} endpoint {endpoint}: {reason}"
+            + (f"; move it with {flag}" if flag else ""),
+        )
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+    def example(self) -> str:
+        """The flag with the next port, e.g. ``--http-endpoint 127.0.0.1:9465``.
+
+        >>> ListenerError("kv", "tcp://127.0.0.1:5557", OSError(98, "in use")).example()
+        '--kv-endpoint tcp://127.0.0.1:5558'
+        """
+        flag = self.FLAGS.get(self.listener, "").split(" ")[0]
+        head, _, port = self.endpoint.split(",")[0].rpartition(":")
+        if not flag or not port.isdigit():
+            return ""
+        host = head if "//" in head else "127.0.0.1"
+        return f"{flag} {host}:{int(port) + 1}"
 
 
 def register_process_metrics(registry: CollectorRegistry) -> None:
@@ -247,7 +290,7 @@ class App:
         except OSError as e:
             log.error("cannot start listener", listener=listener, endpoint=endpoint, error=str(e))
             self.stop()
-            raise
+            raise ListenerError(listener, endpoint, e) from e
         sup.start()
         self.ready = True
         log.info(

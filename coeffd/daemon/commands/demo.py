@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import structlog
 
-from coeffd.daemon.app import App
+from coeffd.daemon.app import App, ListenerError
 from coeffd.daemon.assemble import build_app
 from coeffd.daemon.commands.common import EXIT_USAGE, add_settings_arguments, settings_from_args
 from coeffd.daemon.learning import LearningConsumer
@@ -201,6 +201,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         app = build_app(settings)
         app.start()
+    except ListenerError as e:
+        example = e.example()
+        print(
+            f"coeffd demo: cannot start: {e}"
+            + (f' (make run ARGS="{example}"; is another coeffd running?)' if example else ""),
+            file=sys.stderr,
+        )
+        return 1
     except (OSError, ValueError) as e:
         print(f"coeffd demo: cannot start: {e}", file=sys.stderr)
         return 1

@@ -9,6 +9,7 @@ put together in :mod:`coeffd.daemon.assemble`; this module parses and runs.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 import structlog
@@ -47,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     try:
         code = app.run()
-    except OSError:  # a listener could not bind; App.start logged which one
+    except OSError as e:  # a listener could not bind (App.start logged it too)
+        print(f"coeffd serve: cannot start: {e}", file=sys.stderr)
         return 1
     consumer = app.consumer
     if isinstance(consumer, LearningConsumer) and consumer.checkpoint_problem() is not None:
