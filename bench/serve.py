@@ -16,7 +16,7 @@ late and ≥ 90 % of the rate delivered; the learning daemon is held at each lev
 it builds step observations a window after their spans arrive), the share of step
 observations it learned there (``coeffd_learning_keep_ratio``: under load it sheds
 steps rather than push back), the engine share and the part of the events sampled out
-(``coeffd_engine_sample_share``, ``coeffd_events_sampled_out_total``), the freshness at half of it — observation → snapshot
+(``coeffd_engine_sample_ratio``, ``coeffd_events_sampled_out_total``), the freshness at half of it — observation → snapshot
 (``coeffd_snapshot_freshness_seconds``, what coeffd controls) and step summary arrival →
 snapshot (``coeffd_step_freshness_seconds``, which includes the joiner's wait for the
 journey events around a step, ~``joiner.window_s``) — and the RSS of a daemon that
@@ -407,7 +407,7 @@ def ramp(
             got = sent / dt
             steps = d.total("coeffd_learner_observations_total", target="step_period")
             keep = d.total("coeffd_learning_keep_ratio")
-            share = d.total("coeffd_engine_sample_share")
+            share = d.total("coeffd_engine_sample_ratio")
             out = d.total("coeffd_events_sampled_out_total") - out0
             taken = d.total("coeffd_events_received_total") - in0
             # Live data is bursty (a request carries tens to thousands of events), so a
@@ -438,7 +438,7 @@ def accuracy(d: DaemonProc, target: str = "step_period") -> str:
     """The rolling step-time error per configuration, learned vs BLIS's defaults: what
     learning under load (shedding, engine sampling) still achieves."""
     by: dict[str, dict[str, float]] = {}
-    for lab, v in d.metrics().get("coeffd_prediction_mape", []):
+    for lab, v in d.metrics().get("coeffd_prediction_mape_ratio", []):
         if lab.get("target") == target:
             by.setdefault(lab["coefficients"], {})[lab["config"]] = v
     learned, default = sorted(by.get("learned", {}).values()), by.get("blis_default", {})

@@ -216,7 +216,7 @@ def test_fleet_publisher_snapshot_store_and_metrics(learned, tmp_path) -> None:
     found = {
         (s.labels["config"], s.labels["coefficients"]): s.value
         for fam in text_string_to_metric_families(text)
-        if fam.name == "coeffd_fleet_loco_error"
+        if fam.name == "coeffd_fleet_loco_error_ratio"
         for s in fam.samples
     }
     for cid in ids:

@@ -7,9 +7,18 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from coeffd.daemon.batchhist import BatchHistogram
+from coeffd.learners.features.basis import TERM_NAMES
 from coeffd.learners.features.config import ServingConfig
+from coeffd.learners.targets import ALPHA_TARGETS
 
-__all__ = ["ERROR_HISTOGRAM_BUCKETS", "SOURCES", "ServeMetrics", "describe_configuration"]
+__all__ = [
+    "ERROR_HISTOGRAM_BUCKETS",
+    "SOURCES",
+    "UNCONFIGURED_REASONS",
+    "ServeMetrics",
+    "coefficient_unit",
+    "describe_configuration",
+]
 
 #: Relative errors of step periods sit around the noise (a few %); defaults are often
 #: off by 30-300 %: buckets cover both ends.
@@ -17,6 +26,58 @@ _ERROR_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5
 _FRESHNESS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0)
 #: Prediction sources exported as the ``coefficients`` label (bounded).
 SOURCES = ("learned", "blis_default", "batch_refit", "learned_extended")
+
+
+#: ``coeffd_observations_unconfigured_total{reason}``: every reason, exported at 0 from the
+#: start (``configs.ConfigResolver.reason``, ``features.config.problem_reason``).
+UNCONFIGURED_REASONS = (
+    "no_configuration",
+    "invalid_name",
+    "unknown_model",
+    "unknown_gpu",
+    "invalid_model",
+    "invalid_hardware",
+    "invalid_configuration",
+    "kv_engine_unknown",
+)
+#: ``coeffd_checkpoint_unusable_total{file, reason}`` (``checkpoints.py``), at 0 from the start.
+_CHECKPOINT_FILES = ("latest", "previous")
+_CHECKPOINT_PROBLEMS = ("unreadable", "corrupt", "invalid_content")
+#: ``coeffd_drift_detections_total{config, target}`` targets, at 0 once a configuration is
+#: described: the step-time learners (``step_period``) and the α learners.
+_DRIFT_TARGETS = ("step_period", *ALPHA_TARGETS)
+
+
+def coefficient_unit(vector: str, index: int) -> str:
+    """The unit of a published coefficient: α are µs (per request or per token); a β that
+    multiplies a time term (``T_…``) is a ``ratio``, one that multiplies a count (layers,
+    requests, the step itself) is µs per unit.
+
+    >>> [coefficient_unit("beta", i) for i in (0, 4, 6, 9)]
+    ['ratio', 'microseconds', 'microseconds', 'ratio']
+    >>> coefficient_unit("alpha", 0)
+    'microseconds'
+    """
+    if vector.startswith("beta") and index < len(TERM_NAMES):
+        return "ratio" if TERM_NAMES[index].startswith("T_") else "microseconds"
+    return "microseconds"
+
+
+class _CoefficientGauge:
+    """``coeffd_coefficient_value{config, vector, index, unit}``: ``labels(config, vector,
+    index)`` adds the unit, so µs and dimensionless values never share a series set
+    without a label telling them apart."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.gauge = Gauge(
+            "coeffd_coefficient_value",
+            "Published coefficient values (BLIS order and units; unit: microseconds or ratio).",
+            ["config", "vector", "index", "unit"],
+            registry=registry,
+        )
+
+    def labels(self, config: str, vector: str, index: str) -> Gauge:
+        return self.gauge.labels(config, vector, index, coefficient_unit(vector, int(index)))
 
 
 #: ``http.error_histograms``: per-configuration error histogram buckets (``off``: none).
@@ -40,7 +101,8 @@ class ServeMetrics:
     """Learning-side metric families (names: CONTRIBUTING.md), on the app's registry.
 
     ``error_histograms`` (``full``, ``coarse``, ``off``) sizes the per-configuration
-    prediction-error histograms, most of a configuration's series (README, Settings).
+    prediction-error histograms, most of a configuration's series (CONTRIBUTING "Reference",
+    Operations, gives the counts).
     """
 
     def __init__(self, registry: CollectorRegistry, error_histograms: str = "full") -> None:
@@ -61,7 +123,7 @@ class ServeMetrics:
             registry=registry,
         )
         self.mape = Gauge(
-            "coeffd_prediction_mape",
+            "coeffd_prediction_mape_ratio",
             "Rolling mean absolute percentage error (fraction) per configuration and target.",
             ["config", "target", "coefficients"],
             registry=registry,
@@ -73,12 +135,7 @@ class ServeMetrics:
             ["config", "regime"],
             registry=registry,
         )
-        self.coefficient = Gauge(
-            "coeffd_coefficient_value",
-            "Published coefficient values (BLIS order and units).",
-            ["config", "vector", "index"],
-            registry=registry,
-        )
+        self.coefficient = _CoefficientGauge(registry)
         self.learner_observations = Counter(
             "coeffd_learner_observations_total",
             "Observations learned, per configuration and target.",
@@ -103,6 +160,8 @@ class ServeMetrics:
             ["reason"],
             registry=registry,
         )
+        for reason in UNCONFIGURED_REASONS:
+            self.unresolved.labels(reason)
         self.configurations = Gauge(
             "coeffd_configurations", "Configurations with live learners.", registry=registry
         )
@@ -148,9 +207,18 @@ class ServeMetrics:
             ["file", "reason"],
             registry=registry,
         )
+        for file in _CHECKPOINT_FILES:
+            for problem in _CHECKPOINT_PROBLEMS:
+                self.checkpoint_unusable.labels(file, problem)
 
 
 def describe_configuration(metrics: ServeMetrics, cfg: ServingConfig) -> None:
-    """Export ``coeffd_configuration_info{config, model, gpu, tp, …} 1`` for ``cfg``."""
+    """Export ``coeffd_configuration_info{config, model, gpu, tp, …} 1`` for ``cfg``, and
+    its labelled counters at 0 (a dashboard shows 0, not "No data", before the first
+    drift alarm or failed write)."""
     labels = {k: v for k, v in cfg.labels.items() if k != "config"}
     metrics.configuration_info.labels(cfg.id).info(labels)
+    for target in _DRIFT_TARGETS:
+        metrics.drift.labels(cfg.id, target)
+    metrics.publish_refused.labels(cfg.id)
+    metrics.snapshot_write_failures.labels(cfg.id)

@@ -148,7 +148,7 @@ class LoadMetrics:
         )
         self.keep_ratio.set(1.0)
         self.engine_share = Gauge(
-            "coeffd_engine_sample_share",
+            "coeffd_engine_sample_ratio",
             "Share of each configuration's engines whose telemetry is decoded and joined "
             "(1 = all; below 1 = engine sampling, pipeline.sample_engines).",
             registry=registry,

@@ -61,22 +61,23 @@ class KVMetrics:
         self.sampled_out = events_sampled_out
         self.batches = PromCounter(
             "coeffd_kv_batches_total",
-            "KV-event batches (ZMQ messages) accepted, by source.",
-            ["source"],
+            "KV-event batches (ZMQ messages) accepted, by the endpoint they arrived on (one "
+            "series per subscriber, not per engine: a fan-in endpoint serves many).",
+            ["endpoint"],
             registry=registry,
         )
         self.gaps = PromCounter(
             "coeffd_kv_sequence_gaps_total",
-            "KV-event batches missing from the sequence (publisher drops), by source.",
-            ["source"],
+            "KV-event batches missing from the sequence (publisher drops), by endpoint.",
+            ["endpoint"],
             registry=registry,
         )
         self.jumps = PromCounter(
             "coeffd_kv_sequence_jumps_total",
             "KV-event batches whose sequence number jumped ahead by more than any real "
             "gap (forged or corrupt): dropped as outliers, the baseline kept unless the "
-            "stream goes on from the jump; not counted as gaps. By source.",
-            ["source"],
+            "stream goes on from the jump; not counted as gaps. By endpoint.",
+            ["endpoint"],
             registry=registry,
         )
         self.rejected = events_rejected or PromCounter(
@@ -140,6 +141,9 @@ class KVSubscriber:
         self.source = source or source_from_attributes({"kv.endpoint": endpoint})
         self._offer = offer
         self.metrics = metrics or (KVMetrics(registry) if registry is not None else None)
+        if self.metrics is not None:  # the series exist (at 0) before the first batch
+            for family in (self.metrics.batches, self.metrics.gaps, self.metrics.jumps):
+                family.labels(endpoint)
         self._ctx = context or zmq.Context.instance()
         self._rcvhwm = rcvhwm
         self._poll_ms = poll_ms
@@ -386,7 +390,7 @@ class KVSubscriber:
         elif outcome == SequenceTracker.GAP:
             self.counts["gap_batches"] += missing
             if self.metrics is not None:
-                self.metrics.gaps.labels(source.id).inc(missing)
+                self.metrics.gaps.labels(self.endpoint).inc(missing)
             if previous is not None:
                 self._request_replay(previous + 1, msg.topic)
         elif outcome == SequenceTracker.JUMP:
@@ -394,7 +398,7 @@ class KVSubscriber:
             # forged number neither enters the joiner nor silences the real stream.
             self.counts["sequence_jumps"] += 1
             if self.metrics is not None:
-                self.metrics.jumps.labels(source.id).inc()
+                self.metrics.jumps.labels(self.endpoint).inc()
             if self.counts["sequence_jumps"] == 1:
                 log.warning(
                     "kv sequence number jumped too far to be a gap; batch dropped, the "
@@ -415,7 +419,7 @@ class KVSubscriber:
             )
         self.counts["batches"] += 1
         if self.metrics is not None:
-            self.metrics.batches.labels(source.id).inc()
+            self.metrics.batches.labels(self.endpoint).inc()
         if self.engine_filter is not None and not self.engine_filter(msg.topic):
             n = len(msg.batch.events)
             self.counts["sampled_out"] += n

@@ -197,7 +197,7 @@ def test_metrics_show_learned_error_below_blis_default(
 
         def mape(source: str, cid: str = cid) -> float:
             key = (
-                "coeffd_prediction_mape",
+                "coeffd_prediction_mape_ratio",
                 (("coefficients", source), ("config", cid), ("target", "step_period")),
             )
             return m[key]
@@ -219,7 +219,12 @@ def test_metrics_show_learned_error_below_blis_default(
             assert count > 0
         assert m[("coeffd_snapshot_version", (("config", cid),))] >= 1
         assert (
-            m[("coeffd_coefficient_value", (("config", cid), ("index", "2"), ("vector", "beta")))]
+            m[
+                (
+                    "coeffd_coefficient_value",
+                    (("config", cid), ("index", "2"), ("unit", "ratio"), ("vector", "beta")),
+                )
+            ]
             > 0
         )
     assert off >= 6  # informative: most configurations run far from BLIS's global defaults

@@ -133,7 +133,7 @@ def test_pub_sub_counts_gaps_duplicates_and_bad_input(pub: tuple[zmq.Socket[Any]
     )
     assert sub.counts["unknown_tag"] == 1 and sub.counts["bad_event"] == 1
     sample = registry.get_sample_value
-    src = {"source": sub.source.id}
+    src = {"endpoint": sub.endpoint}  # one series per subscriber, not per engine
     assert sample("coeffd_kv_sequence_gaps_total", src) == 2
     assert sample("coeffd_kv_batches_total", src) == sub.counts["batches"]
     for reason, n in [
