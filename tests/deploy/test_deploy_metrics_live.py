@@ -14,14 +14,16 @@ Two paths (the test reports which one ran, as a warning and a junit property):
   scrape lacks must at least be in CONTRIBUTING.md's contract table, and every name the
   scrape has must be exported with the contract's type.
 
-The query tier's families (``coeffd_query_*``) come from the registry of the view a
-``mode = "query"`` daemon runs, built from the chart's query config.toml and refreshed
-against the live daemon, and are parsed with the scrape.
+A second daemon runs the query tier's config.toml (``mode = "query"``) the chart renders for
+the same values, with the fed daemon as its peer: its scrape (the ``coeffd_query_*``
+families) is checked with the first one's, and it must serve the fed daemon's
+configurations.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import re
@@ -33,6 +35,7 @@ import urllib.error
 import urllib.request
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +53,7 @@ from deploy_helpers import (
     render,
     sample_names,
 )
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-
-from coeffd.daemon.publish.store import SnapshotStore
-from coeffd.daemon.query.view import FleetView
-from coeffd.daemon.settings import load_settings
 
 #: Families that exist only once a configuration has been learned and published.
 LEARNED = {"coeffd_coefficient_value", "coeffd_prediction_mape_ratio"}
@@ -128,6 +126,13 @@ class Scrape:
             for sample in f.samples:
                 self.labels.setdefault(sample.name, set()).update(sample.labels)
 
+    def absorb(self, other: Scrape) -> None:
+        """Add another process's scrape (the query tier's)."""
+        self.families.update(other.families)
+        self.samples |= other.samples
+        for name, labels in other.labels.items():
+            self.labels.setdefault(name, set()).update(labels)
+
 
 def _events_received(base: str) -> float:
     return sum(
@@ -174,27 +179,30 @@ def _readiness_path(docs: list[dict[str, Any]]) -> str:
 
 
 @contextlib.contextmanager
-def _daemon(values: dict[str, Any], work: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+def _daemon(
+    values: dict[str, Any], work: Path, of: str | None = None, http: str | None = None
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """`coeffd serve` on the config.toml the chart renders for ``values`` (a healthy,
-    ready daemon), stopped with SIGTERM afterwards."""
+    ready daemon), stopped with SIGTERM afterwards. ``of="query"``: the query tier's
+    config.toml, its API moved to ``http`` (the chart gives it the learners' endpoint)."""
     settings = values.setdefault("settings", {})
     # the chart's absolute /var/lib/coeffd paths are a volume in a pod; here, a tmp dir
     settings["publish"] = {"snapshot_dir": str(work / "snapshots")}
     settings["state"] = {"state_dir": str(work / "state")}
-    http = settings["http"]["endpoint"]
+    endpoint = http or settings["http"]["endpoint"]
     cfg = work / "config.toml"
     docs = manifests(render(CHART, values))
-    cfg.write_text(config_toml(docs))
-    ready = _readiness_path(docs)  # what the chart's probe asks (a sidecar's excludes some)
+    cfg.write_text(config_toml(docs, of))
+    # what the chart's probe asks (a sidecar's excludes some; the query tier's: /readyz)
+    ready = "/readyz" if of == "query" else _readiness_path(docs)
+    args = [sys.executable, "-m", "coeffd", "serve", "--config", str(cfg)]
+    if http:
+        args += ["--http-endpoint", http]
     with cfg.with_suffix(".log").open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "coeffd", "serve", "--config", str(cfg)],
-            cwd=REPO,
-            env=_clean_env(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
+            args, cwd=REPO, env=_clean_env(), stdout=log, stderr=subprocess.STDOUT
         )
-        base = f"http://{http}"
+        base = f"http://{endpoint}"
         try:
             assert _wait_for("/healthz", lambda: _get(base + "/healthz")[0] == 200, proc, 60), (
                 "daemon never became healthy"
@@ -210,30 +218,17 @@ def _daemon(values: dict[str, Any], work: Path) -> Iterator[tuple[subprocess.Pop
                 proc.wait()
 
 
-def _query_tier_metrics(values: dict[str, Any], base: str, work: Path) -> str:
-    """The query tier's own families (coeffd_query_*), from the registry of the view
-    `serve` runs in mode = "query" (daemon/query/view.py), built from the query tier's
-    config.toml the chart renders for the same values and refreshed once against the
-    live daemon (its only peer here)."""
-    settings = load_settings(
-        config=_write(work / "query.toml", config_toml(manifests(render(CHART, values)), "query")),
-        overrides={"query": {"peers": base}},
-        environ={},
-    )
-    assert settings.mode == "query"
-    registry = CollectorRegistry()
-    store = SnapshotStore(work / "query-snapshots", registry=CollectorRegistry())
-    FleetView(settings.query, settings.learners, store, metrics=registry).refresh()
-    return "\n" + generate_latest(registry).decode()
+@dataclass
+class Fleet:
+    """The fed daemon of the chart's fleet config.toml."""
 
-
-def _write(path: Path, text: str) -> Path:
-    path.write_text(text)
-    return path
+    base: str
+    path: str  # which check path the metric-name test runs
+    values: dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def scrape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Scrape, str]]:
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     grpc, http_otlp, http, kv = _free_ports(4)
     values: dict[str, Any] = {
         "settings": {
@@ -247,8 +242,7 @@ def scrape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Scrape, s
             "kv": {"endpoints": [f"tcp://127.0.0.1:{kv}"], "bind": True},
         }
     }
-    work = tmp_path_factory.mktemp("fleet")
-    with _daemon(values, work) as (proc, base):
+    with _daemon(values, tmp_path_factory.mktemp("fleet")) as (proc, base):
         path = "live + contract (no simfleet command)"
         if _cli_has("simfleet"):
             _simfleet(grpc, kv)
@@ -263,9 +257,59 @@ def scrape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Scrape, s
                 10,
             )
             path = "live-only (simfleet fed)" if learned else "live + contract (simfleet fed)"
-        status, text = _get(base + "/metrics")
-        assert status == 200
-        yield Scrape(text + _query_tier_metrics(values, base, work)), path
+        yield Fleet(base, path, values)
+
+
+@pytest.fixture(scope="module")
+def query_tier(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`coeffd serve` on the query tier's config.toml the chart renders for the same
+    values, asking the fleet daemon (its one peer; in a cluster dns+ the headless
+    Service); ready once it has asked its peers."""
+    (http,) = _free_ports(1)
+    values = copy.deepcopy(fleet.values)
+    values["query"] = {"settings": {"peers": fleet.base, "refresh_interval_seconds": 1}}
+    work = tmp_path_factory.mktemp("query")
+    with _daemon(values, work, of="query", http=f"127.0.0.1:{http}") as (_, base):
+        yield base
+
+
+@pytest.fixture(scope="module")
+def scrape(fleet: Fleet, query_tier: str) -> tuple[Scrape, str]:
+    """The fleet daemon's scrape and the query tier's (its coeffd_query_* families)."""
+    status, text = _get(fleet.base + "/metrics")
+    assert status == 200
+    live = Scrape(text)
+    status, text = _get(query_tier + "/metrics")
+    assert status == 200
+    live.absorb(Scrape(text))
+    return live, fleet.path
+
+
+def test_query_tier_config_merges_the_fleet_daemon(fleet: Fleet, query_tier: str) -> None:
+    """The chart's two config.toml files work together: the query tier asks the fleet
+    daemon's /v1/statistics and serves its configurations."""
+    _, wanted = _get(fleet.base + "/v1/configurations")
+    ids = {c["id"] for c in json.loads(wanted)["configurations"]}
+    assert ids or not fleet.path.startswith("live-only"), "the fed daemon published nothing"
+
+    def merged() -> bool:
+        text = _get(query_tier + "/metrics")[1]
+        up = [
+            s.value
+            for f in text_string_to_metric_families(text)
+            if f.name == "coeffd_query_peers"
+            for s in f.samples
+            if s.labels.get("state") == "up"
+        ]
+        if up != [1.0]:
+            return False
+        status, body = _get(query_tier + "/v1/configurations")
+        return status == 200 and {c["id"] for c in json.loads(body)["configurations"]} >= ids
+
+    deadline = time.monotonic() + 60
+    while not merged():
+        assert time.monotonic() < deadline, "the query tier never served the fleet's configurations"
+        time.sleep(0.5)
 
 
 def test_sidecar_configmap_boots_the_daemon_with_its_identity(
