@@ -347,21 +347,32 @@ class EngineState:
         """True when the known lives are exactly summary ``n``'s running queue."""
         return len(self.lives_at(n)) == self.summaries[n].running_depth
 
-    def journey_spans(self, n: int) -> tuple[list[StepObservation], dict[str, int]]:
+    def journey_spans(
+        self, n: int, shed: bool = False
+    ) -> tuple[list[StepObservation], dict[str, int]]:
         """Period observations of the steps between the previous bracketing summary and
-        summary ``n`` (see :mod:`.pinned`); the steps dropped, by reason."""
+        summary ``n`` (see :mod:`.pinned`); the steps dropped, by reason.
+
+        ``shed`` (load shedding: the segment goes with its closing summary): only the
+        segment's starts are pinned, which cross-calibrates the anchor types, so the
+        calibration — and every later pin, span and α0 loop wait — is the same whatever
+        share is shed; the batches are not rebuilt (the costly part)."""
         prev = self.bracket
         self.mark_bracket(n)
         s = self.summaries.get(n)
         mode = self.mode()
         if s is None or prev is None or prev >= n or prev not in self.summaries or mode is None:
             return [], {}
-        used, shed = self.used, self.shed_steps
-        if all(b in used or b in shed for b in range(prev, n + 1)):
+        used, shed_steps = self.used, self.shed_steps
+        if all(b in used or b in shed_steps for b in range(prev, n + 1)):
             return [], {}  # every step sampled (dense tracing): nothing between to pin
         if not (self._explained(prev) and self._explained(n)):
             return [], {"incomplete": n - prev - 1}
         a = 1 if mode else 0
+        if shed:
+            for m in range(prev + a, n + a + 2):
+                self.starts.point(m, a)
+            return [], {}
         batches: dict[int, tuple[BatchRequest, ...] | str] = {}
         # the segment's lives once, in a fixed order: a batch's requests (and so the float
         # sums of its features) must not depend on the order the journeys arrived in
@@ -464,20 +475,24 @@ class EngineState:
         self.starts.vote_async(n + 1)
 
     def shed(self, n: int) -> None:
-        """Finalize step ``n`` without building its observation (load shedding): only the
-        cheap bookkeeping that later steps rely on still happens — async-mode votes, and
-        the loop period from consecutive summaries for the recent periods that the
-        queue-wait estimate of request observations (α0) needs."""
-        self._close_step(n)
-        self.shed_steps.add(n)
-        s, nxt = self.summaries[n], self.summaries.get(n + 1)
-        if nxt is not None and s.scheduled_tokens and nxt.scheduled_tokens:
-            gap = nxt.start_mono_ns - s.start_mono_ns
-            if 0 < gap <= self.cfg.max_period_ms * 1e6:
-                self.recent_periods.append(gap)
+        """Finalize step ``n`` without building its observation (load shedding).
 
-    def finalize(self, n: int, kv: tuple[KVTransferObservation, ...] = ()) -> StepResult:
-        """Turn the summary of step ``n`` into a StepObservation (or say why not)."""
+        Everything a built step leaves behind still happens — async-mode votes, the
+        anchors' calibration against its exact start, its period among the recent ones,
+        and whether its batch is observed (a later segment's spans break at it either
+        way) — so what the joiner knows does not depend on the share being shed: only
+        the composition and the observation itself are skipped. Calibrating only on the
+        kept summaries starved it at 1 % step sampling: at a keep ratio of 0.3 no start
+        was pinned, so no journey span and no α0 loop wait was decided either, and the
+        published β and α0 stayed near the prior (bench learning, contention).
+        """
+        self.finalize(n, shed=True)
+
+    def finalize(
+        self, n: int, kv: tuple[KVTransferObservation, ...] = (), *, shed: bool = False
+    ) -> StepResult:
+        """Turn the summary of step ``n`` into a StepObservation (or say why not); with
+        ``shed`` do the same bookkeeping but build nothing (:meth:`shed`)."""
         s = self.summaries[n]
         self._close_step(n)
         if self.ambiguous:
@@ -516,6 +531,9 @@ class EngineState:
         else:
             method = PeriodMethod.JOURNEY_ANCHORS
         self.recent_periods.append(mid_ns)
+        if shed:
+            self.shed_steps.add(n)
+            return StepResult(None, "shed", "load")
         self.used.add(n)
         loop_us = (nxt_s.start_mono_ns - s.start_mono_ns) / 1e3 if nxt_s is not None else None
         comp, reqs = self._composition(n, s)

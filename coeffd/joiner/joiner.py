@@ -581,8 +581,10 @@ class Joiner:
         if s.partial or (keep is not None and not keep(n)):
             # Shed before the join work: pinning and composing a step costs several times
             # what learning it does, so shedding only at the learner saved too little.
+            # The segment ending at a shed summary is shed with it (its spans are not
+            # built), but both leave the same bookkeeping as when kept (EngineState.shed).
             eng.shed(n)
-            eng.mark_bracket(n)  # no segment ends at a shed summary: its work is shed too
+            eng.journey_spans(n, shed=True)
             self._n_shed += 1  # tallied in bulk (_count_shed): per-step tallies cost 6 %
             return
         res = eng.finalize(n, self._kv_for_step(eng, n) if self._kv_steps else ())

@@ -163,8 +163,9 @@ class BatchSummary(msgspec.Struct, frozen=True, gc=False):
     kv_blocks_total_gpu: int
     kv_blocks_free_gpu: int
     #: Decoded while the daemon sheds load, for a step it will not learn: only the fields
-    #: the joiner's bookkeeping reads are set (step, times, queue depths, scheduled tokens,
-    #: KV usage); the rest are 0. The joiner never builds an observation from it.
+    #: the joiner's bookkeeping reads are set (step, times, queue depths, request counts,
+    #: scheduled tokens, KV usage); the rest are 0. The joiner never builds an
+    #: observation from it.
     partial: bool = False
 
 

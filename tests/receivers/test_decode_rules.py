@@ -157,7 +157,7 @@ def test_bad_ids_or_times_reject_the_span(field: str, value: str) -> None:
 # ------------------------------------------------------- partial decode under shedding
 _PARTIAL_FIELDS = (
     "step", "start_mono_ns", "end_mono_ns", "running_depth", "waiting_depth",
-    "scheduled_tokens", "kv_usage_gpu_ratio",
+    "num_prefill_reqs", "num_decode_reqs", "scheduled_tokens", "kv_usage_gpu_ratio",
 )  # fmt: skip
 
 

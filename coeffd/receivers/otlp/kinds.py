@@ -152,6 +152,10 @@ _PARTIAL_SUMMARY_KEYS = frozenset(
         "step.ts_end_ns",
         "queue.running_depth",
         "queue.waiting_depth",
+        # a shed summary whose period is rejected is rebuilt into the next segment's
+        # spans from its request counts, as a kept one is (same spans either way)
+        "batch.num_prefill_reqs",
+        "batch.num_decode_reqs",
         "batch.scheduled_tokens",
         "kv.usage_gpu_ratio",
     }
