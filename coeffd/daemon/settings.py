@@ -128,7 +128,7 @@ class HttpSettings(_Section):
     metrics_public: bool = True
     #: Per-configuration prediction-error histograms on /metrics: ``full`` (14 buckets),
     #: ``coarse`` (4) or ``off`` (the rolling MAPE gauges only): most of a
-    #: configuration's series (README "Settings" gives the counts).
+    #: configuration's series (CONTRIBUTING "Reference", Operations, gives the counts).
     error_histograms: Literal["full", "coarse", "off"] = "full"
 
 

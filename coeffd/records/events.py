@@ -1,8 +1,8 @@
 """Typed, immutable event records: what receivers hand to the pipeline.
 
 One record per span (``RequestSpan``, ``CoreSpan``, ``StepSpan``) followed by one
-record per event of that span, and one record per ZMQ KV event. The spec's attribute
-names (``../shared/spec/vllm-telemetry.md``) are mapped to plain field names; the
+record per event of that span, and one record per ZMQ KV event. The vLLM fork's attribute
+names (its telemetry spec: docs/ARCHITECTURE.md) are mapped to plain field names; the
 mapping lives in ``receivers.otlp.decode`` and ``receivers.kv.decode`` only.
 
 Times are integers in nanoseconds and name their clock: ``wall_ns`` is

@@ -166,7 +166,7 @@ def test_error_histograms_setting_sizes_the_series_per_configuration(
     assert sorted(scrapes["coarse"][1]) == sorted(scrapes["off"][1]) == sorted(ids)
     for cid in ids:
         assert counts["full"][cid] > counts["coarse"][cid] > counts["off"][cid] > 0
-    for mode in counts:  # README "Settings" states these
+    for mode in counts:  # CONTRIBUTING "Reference" (Operations) states these
         print(mode, "series per configuration: max", max(counts[mode].values()))
     off = {s.name for s in _samples(scrapes["off"][2]["learned"])}
     assert not [n for n in off if n.startswith("coeffd_prediction_relative_error")]
