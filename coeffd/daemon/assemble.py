@@ -35,11 +35,12 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from coeffd.base.http import Router
-from coeffd.daemon import api
+from coeffd.daemon import api, requests_api
 from coeffd.daemon.app import App
 from coeffd.daemon.fleet import FleetPublisher
 from coeffd.daemon.learning import ConfigResolver, LearningConsumer, ServeMetrics
 from coeffd.daemon.learning.checkpoints import CheckpointStore
+from coeffd.daemon.learning.requests import RequestRing
 from coeffd.daemon.load import (
     EngineSampler,
     LoadController,
@@ -97,6 +98,7 @@ def build_app(
         consumer.fleet,
         statistics=(lambda: exporter.latest) if exporter is not None else None,
     )
+    requests_api.mount(router, consumer.requests)  # GET /v1/requests/{id}: coeffd trace
     app = App(
         settings,
         consumer=consumer,
@@ -130,6 +132,7 @@ def _query_app(settings: Settings, registry: CollectorRegistry) -> App:
         ),
         state=CheckpointStore(settings.state.state_dir) if settings.state.state_dir else None,
         metrics=registry,
+        save_interval_s=settings.state.checkpoint_interval_seconds,
     )
     if settings.state.restore:
         view.restore()
@@ -215,6 +218,7 @@ def _learning(
         load=load,
         fleet=FleetPublisher(learners, registry),
         statistics=StatisticsExporter(learners, settings.query.statistics_interval_seconds),
+        requests=RequestRing(settings.trace.max_requests, settings.trace.max_age_seconds),
     )
     if checkpoints is not None and settings.state.restore:
         consumer.restore()

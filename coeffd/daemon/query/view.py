@@ -156,6 +156,7 @@ class FleetView:
         metrics: CollectorRegistry | None = None,
         client: PeerClient | None = None,
         clock: Callable[[], float] = time.time,
+        save_interval_s: float = 30.0,
     ) -> None:
         self.settings = settings
         self.learners = learners
@@ -169,6 +170,8 @@ class FleetView:
         self._peers: dict[str, _Peer] = {}
         self._failing: dict[str, str] = {}  # url → reason, for one log line per change
         self._due = 0.0
+        self.save_interval_s = save_interval_s
+        self._save_due = 0.0
         #: The fleet model of the last refresh (``/v1/predict``); swapped, never mutated.
         self.model: FleetModel | None = None
         #: configuration id → the instances merged into it (read by the API's threads)
@@ -247,7 +250,9 @@ class FleetView:
             del self._peers[url]
             self.metrics.configs.remove(url)
         self._rebuild(now)
-        self._save()
+        if now >= self._save_due:  # a restart loses at most this much of the peers' past
+            self._save_due = now + self.save_interval_s
+            self._save()
         self.refreshes += 1
 
     def _ask(self, url: str, scratch: LearnerRegistry) -> _Answer | tuple[str, str]:
