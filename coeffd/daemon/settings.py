@@ -1,5 +1,8 @@
 """Daemon settings: defaults ← TOML file ← environment ← command-line flags.
 
+Length: every section the daemon reads, with its limits and start-up messages, in one
+place on purpose (one file to read to know every setting).
+
 Each concern is one nested model (a *section*); the top-level :class:`Settings` lists
 the sections. Adding a section is one line in :class:`Settings`, importing the section's
 model from the module that owns it, e.g.::
@@ -270,6 +273,15 @@ class StateSettings(_Section):
     restore: bool = True
 
 
+class TraceSettings(_Section):
+    """The finished requests kept per configuration for ``coeffd trace`` (BLIS replay)."""
+
+    #: Requests kept per configuration (the newest); 0 keeps none.
+    max_requests: int = Field(default=50_000, ge=0, le=10_000_000)
+    #: Requests that departed longer ago than this (before the newest one) are dropped.
+    max_age_seconds: float = Field(default=3600.0, gt=0.0, le=7 * 86_400.0)
+
+
 class Settings(BaseSettings):
     """All daemon settings. Add a section here with one line (see the module docstring)."""
 
@@ -301,6 +313,8 @@ class Settings(BaseSettings):
     catalog: CatalogSettings = Field(default_factory=CatalogSettings)
     #: The query tier's peers and how it asks them (read in ``mode = query`` only).
     query: QuerySettings = Field(default_factory=QuerySettings)
+    #: The finished requests kept per configuration for ``coeffd trace`` (BLIS replay).
+    trace: TraceSettings = Field(default_factory=TraceSettings)
 
     @model_validator(mode="after")
     def _sidecar_binds_localhost(self) -> Settings:

@@ -1,5 +1,8 @@
 """Recursive least squares with forgetting, in information form, as a River regressor.
 
+Length: one estimator whose buffered fold, robust weights, drift policy and state must
+change together (split, each piece would reach into the others' internals).
+
 Why information form. The learner keeps ``A = Σ λ-decayed w x xᵀ`` and ``b = Σ λ-decayed
 w y x`` (plus a prior) instead of the covariance ``P = A⁻¹`` that textbook RLS propagates.
 Sums of symmetric rank-1 terms stay symmetric and PSD by construction, there is no

@@ -1,5 +1,8 @@
 """Discrete-event model of one vLLM v1 engine (EngineCore busy loop + its API server).
 
+Length: one event loop whose scheduling, preemption and timing order mirror vLLM's
+``Scheduler.schedule()`` step for step; split, the order would no longer read as vLLM's.
+
 The scheduler follows vLLM v1's ``Scheduler.schedule()``: running requests first (one
 token for decodes, chunked prefill under the token budget), preemption by recompute of the
 lowest-priority running request when the block pool cannot grow a request, then
