@@ -197,3 +197,19 @@ def test_the_checker_finds_what_it_should(tmp_path: Path, line: str, bad: bool) 
         assert bool(problems(doc)) == bad, problems(doc)
     finally:
         doc.unlink()
+
+
+def test_every_alert_links_a_runbook_section_in_the_repository() -> None:
+    """``runbook_url`` on every alert (issue 33, item 13): a repository file and one of its
+    headings (the chart prefixes ``prometheusRule.runbookBaseUrl``)."""
+    import yaml
+
+    rules = yaml.safe_load((REPO / "deploy" / "prometheus" / "coeffd-alerts.yaml").read_text())
+    alerts = [r for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    assert len(alerts) >= 20
+    for rule in alerts:
+        url = rule.get("annotations", {}).get("runbook_url", "")
+        file_part, _, anchor = url.partition("#")
+        assert file_part and anchor, f"{rule['alert']}: runbook_url {url!r}"
+        assert (REPO / file_part).is_file(), f"{rule['alert']}: no file {file_part}"
+        assert anchor in {slug(h) for h in headings(REPO / file_part)}, (rule["alert"], url)
