@@ -167,5 +167,6 @@ def build_observation(
         streaming=streaming,
         queue_state=queue_state,
         api_source=entry.api.span.source,
+        arrival_wall_ns=arrived.wall_ns,
     )
     return obs, ""

@@ -136,6 +136,9 @@ class RequestObservation(msgspec.Struct, frozen=True, gc=False):
     #: iteration boundary (QUEUED is quantized to it, spec pitfall 9); BLIS's α0 excludes
     #: it. None when the engine's periods are not known yet.
     queued_loop_wait_us: float | None = None
+    #: ARRIVED on the API server's wall clock (additive): where the request sits in the
+    #: traffic, for a TraceV2 export (``coeffd trace``); None from older joiners.
+    arrival_wall_ns: int | None = None
 
 
 Observation = StepObservation | RequestObservation | KVTransferObservation

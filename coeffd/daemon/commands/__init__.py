@@ -22,4 +22,6 @@ COMMANDS: dict[str, str] = {
     "configurations": "list the learned configurations: id, model, GPU, TP, knobs, version, "
     "observations, learned vs BLIS-default error",
     "basis": "print the BLIS trained-physics basis terms (and step time) for a batch",
+    "trace": "write a configuration's recent requests as a BLIS TraceV2 pair "
+    "(for blis replay and blis calibrate)",
 }

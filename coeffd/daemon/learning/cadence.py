@@ -10,7 +10,9 @@ minimum of observations is a cold start, not counted against freshness.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 import structlog
@@ -57,6 +59,9 @@ class Publisher:
     freshness: Freshness
     configs: dict[str, ServingConfig]
     fleet: FleetPublisher | None = None
+    #: what telemetry says about a configuration's engine beyond its id's fields (the KV
+    #: size of its step summaries: ``blis-args`` prints it as ``--total-kv-blocks``)
+    engine_facts: Callable[[str], dict[str, Any]] | None = None
     #: snapshots handed to the writer
     published: int = 0
     _pending: dict[str, Pending] = field(default_factory=dict)
@@ -136,6 +141,8 @@ class Publisher:
             return
         cfg = self.configs.get(cid)
         description = cfg.to_dict() if cfg is not None else {}
+        if self.engine_facts is not None:
+            description |= self.engine_facts(cid)
         version = self._next_version.get(cid) or self.store.next_version(cid)
         self._next_version[cid] = version + 1
         snap = to_snapshot(cs, version, description)

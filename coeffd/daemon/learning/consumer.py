@@ -28,6 +28,7 @@ from coeffd.daemon.learning.checkpoints import Checkpointer, CheckpointStore, Wr
 from coeffd.daemon.learning.configs import ConfigResolver
 from coeffd.daemon.learning.freshness import Freshness
 from coeffd.daemon.learning.metrics import SOURCES, ServeMetrics, describe_configuration
+from coeffd.daemon.learning.requests import RequestRing
 from coeffd.daemon.load import EngineSampler, LoadController, LoadShedder
 from coeffd.daemon.publish.policy import PublishPolicy
 from coeffd.daemon.publish.snapshot import Snapshot
@@ -72,8 +73,11 @@ class LearningConsumer:
         load: LoadController,
         fleet: FleetPublisher | None = None,
         statistics: StatisticsExporter | None = None,
+        requests: RequestRing | None = None,
     ) -> None:
         self.joiner = joiner
+        #: every configuration's finished requests and KV size, for ``coeffd trace``
+        self.requests = requests if requests is not None else RequestRing()
         self.registry = registry
         self.metrics = metrics
         self.resolver = resolver
@@ -113,6 +117,7 @@ class LearningConsumer:
             freshness=self.freshness,
             configs=self._configs,
             fleet=fleet,
+            engine_facts=self.requests.facts,
         )
         self.checkpointer = Checkpointer(
             store=checkpoints,
@@ -288,6 +293,7 @@ class LearningConsumer:
             if cid not in self._configs:
                 self._configs[cid] = cfg
                 describe_configuration(self.metrics, cfg)
+            self.requests.observe(cfg, obs)  # kept for coeffd trace, learned or shed
             if isinstance(obs, StepObservation):
                 steps.setdefault(cid, (cfg, []))[1].append(obs)
                 continue
