@@ -148,7 +148,9 @@ def test_prometheus_rule_carries_the_alert_file() -> None:
         if "runbook_url" in r["annotations"]
     ]
     assert "https://git.example/c/blob/v1/helm/coeffd/README.md#runbook-coeffddown" in urls
-    assert all(u.startswith("https://git.example/c/blob/v1/helm/") for u in urls)
+    # every alert links a runbook (docs/RUNBOOK.md or the chart's README), each made absolute
+    assert len(urls) == sum(len(g["rules"]) for g in rule["spec"]["groups"])
+    assert all(u.startswith("https://git.example/c/blob/v1/") and "//" not in u[8:] for u in urls)
 
 
 def test_grafana_dashboard_configmap() -> None:
