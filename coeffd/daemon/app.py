@@ -45,6 +45,17 @@ log = structlog.get_logger(__name__)
 prometheus_client.disable_created_metrics()
 
 
+#: ``GET /``'s links: path, what it is.
+INDEX: tuple[tuple[str, str], ...] = (
+    ("/metrics", "Prometheus metrics"),
+    ("/healthz", "liveness"),
+    ("/readyz", "readiness, naming each failing check"),
+    ("/v1/configurations", "learned configurations (JSON)"),
+    ("/v1/coefficients/fleet", "the fleet vector; /v1/coefficients/{id} for one configuration"),
+    ("/v1/predict?model=llama-3.1-8b-instruct&gpu=H100&tp=1", "coefficients for a setup"),
+)
+
+
 class ListenerError(OSError):
     """A listener could not start (a port in use, an address not here): the message names
     the listener, its endpoint and the flag that moves it, for a one-line stderr report.
@@ -156,6 +167,7 @@ class App:
             else Occupancy(settings.receivers.otlp_grpc.workers)
         )
         self.router = router if router is not None else Router()
+        self.router.add_route("GET", "/", self._index)
         self.router.add_route("GET", "/metrics", self._metrics)
         self.router.add_route("GET", "/healthz", self._healthz)
         self.router.add_route("GET", "/readyz", self._readyz)
@@ -182,6 +194,18 @@ class App:
     # ------------------------------------------------------------------ HTTP routes
     def _metrics(self, req: Request) -> Response:
         return Response(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
+
+    def _index(self, req: Request) -> Response:
+        """``GET /``: a page of links, as Prometheus exporters answer (a 404 told a
+        newcomer pointing a browser at the port nothing)."""
+        links = "".join(f'<li><a href="{href}">{href}</a> {what}</li>\n' for href, what in INDEX)
+        body = (
+            "<!DOCTYPE html>\n<html><head><title>coeffd</title></head><body>\n"
+            f"<h1>coeffd {coeffd_version()}</h1>\n"
+            "<p>Learns BLIS latency-model coefficients from vLLM telemetry.</p>\n"
+            f"<ul>\n{links}</ul>\n</body></html>\n"
+        )
+        return Response(200, body.encode(), "text/html; charset=utf-8")
 
     def _healthz(self, req: Request) -> Response:
         if self._started and not self._stopped and not self.pipeline.alive:
