@@ -102,8 +102,8 @@ def test_sequence_2_pow_64_minus_1_is_a_jump_not_a_gap() -> None:
     sub.handle(_good(5))
     sub.handle(_good(2**64 - 1, ts=1767225601.0))
     sub.handle(_good(6, ts=1767225602.0))  # the real publisher goes on: the jump was an outlier
-    gaps = registry.get_sample_value("coeffd_kv_sequence_gaps_total", {"source": sub.source.id})
-    jumps = registry.get_sample_value("coeffd_kv_sequence_jumps_total", {"source": sub.source.id})
+    gaps = registry.get_sample_value("coeffd_kv_sequence_gaps_total", {"endpoint": sub.endpoint})
+    jumps = registry.get_sample_value("coeffd_kv_sequence_jumps_total", {"endpoint": sub.endpoint})
     assert (gaps or 0.0) == 0.0 and jumps == 1.0
     assert sub.counts["restarts"] == 0 and sub.counts["batches"] == 2
 
@@ -126,7 +126,7 @@ def test_one_forged_frame_does_not_silence_the_stream() -> None:
     sub.handle(_good(2**62, ts=t0 + 10**6))
     for seq in range(100, 2100):
         sub.handle(_good(seq, ts=t0 + seq))
-    jumps = registry.get_sample_value("coeffd_kv_sequence_jumps_total", {"source": sub.source.id})
+    jumps = registry.get_sample_value("coeffd_kv_sequence_jumps_total", {"endpoint": sub.endpoint})
     assert jumps == 1.0
     assert sub.counts["duplicate"] == 0 and sub.counts["batches"] == 2100
     assert sorted({r.batch.seq for r in got}) == list(range(2100))
