@@ -120,7 +120,7 @@ class _Metrics:
             ["reason"],
             registry=r,
         )
-        for reason in ("unreachable", "http_error", "too_large", "invalid", "dns"):
+        for reason in ("unreachable", "http_error", "too_large", "invalid", "version", "dns"):
             self.errors.labels(reason)
         self.configs = Gauge(
             "coeffd_query_peer_configurations",
