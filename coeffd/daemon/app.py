@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import platform
+import re
 import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +39,10 @@ from coeffd.records.events import Record
 __all__ = ["App", "ListenerError"]
 
 log = structlog.get_logger(__name__)
+
+#: An absolute file path in a readiness reason (an OSError's ``'/var/lib/...'``), not the
+#: path part of a URL (``tcp://host:5557``, ``https://peer:9464/v1/...``).
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~-])/[^\s'\"]+")
 
 
 # Like other exporters: no ``*_created`` series (a timestamp per counter and histogram
@@ -220,7 +225,12 @@ class App:
         excluded = {n.strip() for v in req.query.get("exclude", ()) for n in v.split(",")}
         failing = [(n, why) for n, why in self.readiness_failures() if n not in excluded]
         if failing:
-            return Response.text(503, "\n".join(f"{name}: {why}" for name, why in failing))
+            # the probe is public (kubelet has no token): the same answer for everyone,
+            # so it names what fails but no file (the log line has the details)
+            text = "\n".join(
+                f"{name}: {_ABSOLUTE_PATH.sub('<path>', why)}" for name, why in failing
+            )
+            return Response.text(503, text)
         return Response.text(200, "ready")
 
     def add_readiness_check(self, name: str, check: Callable[[], str | None]) -> None:
@@ -371,17 +381,10 @@ class App:
                 connected.labels(endpoint).set_function(
                     functools.partial(lambda s: float(bool(s.connected)), sub)
                 )
-        if not kv.bind:
-            self.add_readiness_check("kv", self._kv_readiness)
-
-    def _kv_readiness(self) -> str | None:
-        """Readiness: every KV endpoint we connect to has its publisher connected."""
-        down = [s for s in self._kv if s.connected is False]
-        if not down:
-            return None
-        return "; ".join(
-            f"{s.endpoint} not connected ({s.connect_failures} attempts failed)" for s in down
-        )
+        # A publisher not (yet) connected is no readiness failure: coeffd serves without
+        # KV events, and a fleet replica whose engines have not bound their socket would
+        # drop out of the Service (and the Collector's routing). coeffd_kv_connected and
+        # the CoeffdKvPublisherUnreachable alert say so instead.
 
     @property
     def kv_endpoints(self) -> list[str]:

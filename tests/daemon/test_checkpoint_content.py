@@ -243,3 +243,26 @@ def test_fuzz_mutated_real_state(
     paths = _paths(good_state)
     path = random.Random(seed).choice(paths)
     _restores_cleanly(tmp_path_factory.mktemp("fuzz"), _replace(good_state, path, value))
+
+
+@pytest.mark.parametrize(
+    ("state", "problem"),
+    [
+        ({"version": 7, "made_by": "another tool"}, "version 7 (this build writes 1)"),
+        ({"version": 1, "registry": {}, "configs": {"x": {"model": 3}}}, "no learner sets"),
+    ],
+)
+def test_unrecognised_content_is_a_warning_not_restored(
+    tmp_path: Path, state: dict[str, Any], problem: str
+) -> None:
+    """A good checksum and nothing that breaks the content check, but not what coeffd
+    writes: a warning naming what differs, never "learner state restored" at info
+    (issue 32, item 10)."""
+    _write(tmp_path / "state", latest=state)
+    with structlog.testing.capture_logs() as logs:
+        consumer, _ = _consumer(tmp_path / "state")
+    consumer.writer.close()
+    assert not [e for e in logs if e["event"] == "learner state restored"]
+    warnings = [e for e in logs if e["event"].startswith("checkpoint content not recognised")]
+    assert len(warnings) == 1 and warnings[0]["log_level"] == "warning"
+    assert problem in warnings[0]["problems"]

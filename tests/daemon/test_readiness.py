@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import urllib.error
 import urllib.request
 
@@ -55,3 +56,22 @@ def test_stopping_is_not_ready() -> None:
     with App(_settings()) as app:
         app.ready = False  # what stop() sets first
         assert _ready(app) == (503, "not ready\n")
+
+
+def test_readiness_text_names_no_files() -> None:
+    """``/readyz`` is public and answers the same for everyone: a reason holding a file
+    path (an OSError of a checkpoint write) is told without it; URLs stay (issue 32)."""
+    reasons = {
+        "checkpoints": "last checkpoint write failed: [Errno 30] Read-only file system: "
+        "'/var/lib/coeffd/state/checkpoint.bin.tmp'",
+        "peers": "no answer from https://peer-0:9464/v1/statistics",
+    }
+    with App(_settings()) as app:
+        for name in reasons:
+            app.add_readiness_check(name, functools.partial(reasons.get, name))
+        status, body = _ready(app)
+    assert status == 503 and "/var/lib" not in body
+    assert body.splitlines() == [
+        "checkpoints: last checkpoint write failed: [Errno 30] Read-only file system: '<path>'",
+        "peers: no answer from https://peer-0:9464/v1/statistics",
+    ]

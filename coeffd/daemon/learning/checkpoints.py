@@ -298,6 +298,23 @@ class WriteHealth:
         return f"snapshot writes failing for {len(failing)} configuration(s): {failing[0][1]}"
 
 
+_STATE_KEYS = frozenset({"version", "registry", "configs"})
+
+
+def _unrecognised(state: dict[str, Any]) -> list[str]:
+    """How a checked state differs from what :meth:`Checkpointer.checkpoint` writes."""
+    out = []
+    if state.get("version") != 1:
+        out.append(f"version {state.get('version')!r} (this build writes 1)")
+    extra = sorted(str(k) for k in state if k not in _STATE_KEYS)
+    if extra:
+        out.append(f"unknown keys {extra[:5]}")
+    registry = state.get("registry")
+    if not isinstance(registry, dict) or "sets" not in registry:
+        out.append("no learner sets")
+    return out
+
+
 @dataclass(eq=False, kw_only=True)
 class Checkpointer:
     """Restore at start-up, checkpoint on a cadence (and at close) through the writer.
@@ -333,18 +350,35 @@ class Checkpointer:
             return False
         state = restored.state
         self.registry.load_state(state.get("registry", {}))
+        unknown = _unrecognised(state)
+        skipped = 0
         for cid, cfg in state.get("configs", {}).items():
             try:
                 self.configs[cid] = ServingConfig.from_dict(cfg)
             except (ServingConfigError, ValueError, KeyError, TypeError):
+                skipped += 1
                 continue
             describe_configuration(self.metrics, self.configs[cid])
-        log.info(
-            "learner state restored",
-            path=restored.path,
-            fell_back=restored.fell_back,
-            configurations=len(state.get("registry", {}).get("sets", {})),
-        )
+        if skipped:
+            unknown.append(f"{skipped} configuration description(s) not understood")
+        n_sets = len(state.get("registry", {}).get("sets", {}))
+        if unknown:
+            # The checksum holds and nothing in it broke the check, but this is not what
+            # checkpoint() writes (another version or tool): say so, not "restored".
+            log.warning(
+                "checkpoint content not recognised; restored only what it could",
+                path=restored.path,
+                fell_back=restored.fell_back,
+                configurations=n_sets,
+                problems="; ".join(unknown),
+            )
+        else:
+            log.info(
+                "learner state restored",
+                path=restored.path,
+                fell_back=restored.fell_back,
+                configurations=n_sets,
+            )
         return True
 
     def check_state(self, state: Any) -> None:
