@@ -127,6 +127,9 @@ def test_labelled_counters_exist_before_their_first_event(families: dict[str, An
     assert reasons == set(UNCONFIGURED_REASONS)
     assert len(_series(families, "coeffd_checkpoint_unusable")) == 6
     assert {s["thread"] for s in _series(families, "coeffd_thread_restarts")} >= {"pipeline"}
+    rejected = {(s["receiver"], s["reason"]) for s in _series(families, "coeffd_events_rejected")}
+    assert {("otlp_grpc", "undecodable"), ("otlp_http", "undecodable")} <= rejected
+    assert ("kv", "duplicate") in rejected
     for name in ("coeffd_kv_batches", "coeffd_kv_sequence_gaps", "coeffd_kv_sequence_jumps"):
         assert [set(s) for s in _series(families, name)] == [{"endpoint"}], name
 

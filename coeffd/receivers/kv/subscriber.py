@@ -144,6 +144,8 @@ class KVSubscriber:
         if self.metrics is not None:  # the series exist (at 0) before the first batch
             for family in (self.metrics.batches, self.metrics.gaps, self.metrics.jumps):
                 family.labels(endpoint)
+            for reason in ("duplicate", "queue_full"):
+                self.metrics.rejected.labels(RECEIVER, reason)
         self._ctx = context or zmq.Context.instance()
         self._rcvhwm = rcvhwm
         self._poll_ms = poll_ms

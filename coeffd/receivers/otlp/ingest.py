@@ -75,6 +75,9 @@ class Ingestor:
         self._ignored = metrics.events_ignored.labels(receiver)
         self._sampled_out = metrics.events_sampled_out.labels(receiver)
         self._dropped = metrics.dropped_upstream.labels(receiver)
+        # a series at 0 from the start (its other reasons appear as they occur): a
+        # dashboard's reject panel shows 0, not "No data"
+        metrics.events_rejected.labels(receiver, "undecodable")
 
     @classmethod
     def for_host(cls, host: Host, receiver: str) -> Ingestor:
