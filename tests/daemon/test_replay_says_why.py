@@ -38,3 +38,10 @@ def test_replay_without_a_configuration_says_why_and_the_fix(
     )  # fmt: skip
     out = capsys.readouterr()
     assert "for 1 configuration(s)" in out.out and "skipped" not in out.err
+
+
+def test_replay_help_documents_the_sidecar_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["replay", "-h"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--mode sidecar --model-config NAME|config.json --hardware GPU --tp N" in text

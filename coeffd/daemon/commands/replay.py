@@ -39,10 +39,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "replay",
         help="replay OTLP trace files (Collector file exporter) through the pipeline",
-        description="Replay recorded OTLP traces into the pipeline: JSON lines (plain, .gz, "
-        ".zst) or the Collector file exporter's length-prefixed protobuf/zstd frames. "
-        "Snapshots go to --snapshot-dir (default snapshots/), learner state to "
-        "--state-dir (default state/; '' for none).",
+        description="Replay recorded OTLP traces into the pipeline: JSON lines (plain, .gz,\n"
+        ".zst) or the Collector file exporter's length-prefixed protobuf/zstd frames.\n"
+        "Snapshots go to --snapshot-dir (default snapshots/), learner state to\n"
+        "--state-dir (default state/; '' for none).\n\n"
+        "Traces without coeffd.* resource attributes name no configuration; say what\n"
+        "they came from, as for a sidecar:\n"
+        "  --mode sidecar --model-config NAME|config.json --hardware GPU --tp N\n"
+        "Then coeffd configurations --snapshot-dir DIR and coeffd pull --snapshot-dir DIR\n"
+        "work offline.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "files",
