@@ -42,7 +42,7 @@ from coeffd.learners.fleet.model import FleetModel
 from coeffd.learners.fleet.results import FLEET_ID, FleetResult, Prediction
 from coeffd.learners.registry import LearnerRegistry
 
-__all__ = ["FLEET_INTERVAL_S", "FleetPublisher", "fleet_snapshot"]
+__all__ = ["FLEET_INTERVAL_S", "AnsweredSources", "FleetPublisher", "fleet_snapshot"]
 
 log = structlog.get_logger(__name__)
 
@@ -93,6 +93,31 @@ def fleet_snapshot(result: FleetResult, version: int, wall_ns: int | None = None
     )
 
 
+class AnsweredSources:
+    """The source each described configuration was last answered with (the newest
+    :data:`REMEMBERED`), handed to the next model as its ``incumbent`` (module docs); any
+    thread may call :meth:`predict`."""
+
+    def __init__(self, size: int = REMEMBERED) -> None:
+        self.size = size
+        self._answered: OrderedDict[bytes, str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def predict(self, model: FleetModel, description: Mapping[str, Any]) -> Prediction:
+        """``model``'s prediction for ``description``, keeping the source answered before
+        while it stays close to the best."""
+        key = orjson.dumps(dict(description), option=orjson.OPT_SORT_KEYS, default=str)
+        with self._lock:
+            incumbent = self._answered.get(key)
+        p = model.predict(description, incumbent=incumbent)
+        with self._lock:
+            self._answered[key] = p.source
+            self._answered.move_to_end(key)
+            while len(self._answered) > self.size:
+                self._answered.popitem(last=False)
+        return p
+
+
 class FleetPublisher:
     """Refit, publish and serve the fleet model (see module docs)."""
 
@@ -116,9 +141,7 @@ class FleetPublisher:
         self._due = 0.0
         self.refits = 0
         self._rejected_logged: set[str] = set()
-        #: description (canonical JSON) → source it was last answered with
-        self._answered: OrderedDict[bytes, str] = OrderedDict()
-        self._answered_lock = threading.Lock()
+        self._answered = AnsweredSources()
         self._loco: Gauge | None = None
         self._members: Gauge | None = None
         if metrics is not None:
@@ -188,15 +211,4 @@ class FleetPublisher:
         """A prediction for an unseen configuration (None before the first refit), from
         the source it was answered with before while that stays close to the best."""
         model = self.model
-        if model is None:
-            return None
-        key = orjson.dumps(dict(description), option=orjson.OPT_SORT_KEYS, default=str)
-        with self._answered_lock:
-            incumbent = self._answered.get(key)
-        p = model.predict(description, incumbent=incumbent)
-        with self._answered_lock:
-            self._answered[key] = p.source
-            self._answered.move_to_end(key)
-            while len(self._answered) > REMEMBERED:
-                self._answered.popitem(last=False)
-        return p
+        return None if model is None else self._answered.predict(model, description)

@@ -42,7 +42,7 @@ import numpy as np
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from coeffd.daemon.fleet import fleet_snapshot
+from coeffd.daemon.fleet import AnsweredSources, fleet_snapshot
 from coeffd.daemon.learning.checkpoints import CheckpointError, CheckpointStore
 from coeffd.daemon.publish.snapshot import ErrorStats, Snapshot, to_snapshot
 from coeffd.daemon.publish.store import SnapshotStore
@@ -177,6 +177,7 @@ class FleetView:
         #: configuration id → the instances merged into it (read by the API's threads)
         self._instances: dict[str, tuple[Instance, ...]] = {}
         self._fleet_last: Snapshot | None = None
+        self._answered = AnsweredSources()  # an unseen setup keeps its source across refits
         self.refreshes = 0
 
     # ------------------------------------------------------------ state across restarts
@@ -391,7 +392,7 @@ class FleetView:
     def predict(self, description: Mapping[str, Any]) -> Prediction | None:
         """The fleet model's prediction (``/v1/predict``), None before the first refresh."""
         model = self.model
-        return None if model is None else model.predict(description)
+        return None if model is None else self._answered.predict(model, description)
 
     def instances(self, config_id: str) -> list[dict[str, Any]] | None:
         """Who contributed to a configuration's answer (``fleet``: every peer)."""
