@@ -18,7 +18,8 @@ One table: per seed and coefficient set, ``blis calibrate``'s TTFT and E2E mean 
 error (|sim mean − real mean| / real mean) and request-level MAPE. Targets (issue 31,
 two seeds, 600 s, default sampling): the learned coefficients' TTFT and E2E mean error
 within 1 point of the true ones', and at most half the defaults'. The real BLIS is built
-by ``../shared/tools/blis/build`` (``$COEFFD_BLIS_BUILD``); without it the benchmark says
+by its offline build script (``$COEFFD_BLIS_BUILD``, default ``shared/tools/blis/build``
+beside this checkout); without it the benchmark says
 it is skipped and returns 0.
 
 It also states the memory of the request ring (``[trace] max_requests``): bytes per kept
@@ -48,7 +49,11 @@ from coeffd.simfleet import BLIS_ALPHA, BLIS_BETA
 from coeffd.simfleet import run as simulate
 from coeffd.simfleet.run import config_id, resource_attributes
 
-BUILD = Path(os.environ.get("COEFFD_BLIS_BUILD", "/work/shared/tools/blis/build"))
+#: BLIS's offline build script: ``$COEFFD_BLIS_BUILD``, else the shared tools beside the checkout
+BUILD = Path(
+    os.environ.get("COEFFD_BLIS_BUILD")
+    or Path(__file__).resolve().parents[2] / "shared" / "tools" / "blis" / "build"
+)
 SETS = ("learned", "true", "blis_default")
 TARGET_POINTS = 1.0  # learned within this many points of true (mean % error)
 

@@ -8,8 +8,12 @@ import os
 import subprocess
 from pathlib import Path
 
-#: The build script beside the BLIS source bundle (``$COEFFD_BLIS_BUILD`` overrides).
-BUILD = Path(os.environ.get("COEFFD_BLIS_BUILD", "/work/shared/tools/blis/build"))
+#: The build script beside the BLIS source bundle: ``$COEFFD_BLIS_BUILD``, else the shared
+#: tools beside this checkout.
+BUILD = Path(
+    os.environ.get("COEFFD_BLIS_BUILD")
+    or Path(__file__).resolve().parents[4] / "shared" / "tools" / "blis" / "build"
+)
 
 
 @functools.cache
