@@ -1,4 +1,11 @@
-"""TLS and bearer-token authentication of every listener: the receivers and the HTTP API.
+"""TLS and bearer-token authentication of every HTTP and gRPC listener: the OTLP receivers
+and the HTTP API.
+
+Not of the KV-event stream: vLLM's ZMQ publisher has neither (plain ZMQ, no CURVE), so
+coeffd's SUB socket cannot ask for them. KV must stay on localhost (a sidecar) or behind
+a NetworkPolicy that admits only coeffd and the engines: whoever reaches a publisher reads
+the token ids of every cached block, and whoever reaches a bound coeffd (``kv.bind``)
+can feed it (counted and bounded, but believed).
 
 Settings follow the OpenTelemetry Collector's ``configtls`` server shape (``cert_file``,
 ``key_file``, ``client_ca_file``) and its ``bearertokenauth`` extension (a token read

@@ -226,7 +226,11 @@ ZmqEndpoint = Annotated[str, AfterValidator(_check_zmq_endpoint)]
 
 
 class KVSettings(_Section):
-    """vLLM's ZMQ KV-event stream (``--kv-events-config``), for CPU-offload transfers."""
+    """vLLM's ZMQ KV-event stream (``--kv-events-config``), for CPU-offload transfers.
+
+    No TLS and no token: vLLM's ZMQ publisher has neither, so the stream must stay on
+    localhost (a sidecar) or behind a NetworkPolicy (see :mod:`coeffd.base.security`).
+    """
 
     #: Publisher endpoints. vLLM binds ``tcp://*:5557`` by default (DP rank r: port + r),
     #: so a sidecar connects to ``tcp://127.0.0.1:5557``. Empty = no KV stream.
