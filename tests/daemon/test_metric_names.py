@@ -30,7 +30,9 @@ from coeffd.learners.features.config import ServingConfig
 
 REPO = Path(__file__).resolve().parents[2]
 #: Help text saying the value is a unitless ratio.
-RATIO_WORDS = re.compile(r"\b(ratio|share|fraction|error|mape)\b", re.IGNORECASE)
+RATIO_WORDS = re.compile(
+    r"\b(ratio|share|fraction|error|mape|relative)\b|/ measured", re.IGNORECASE
+)
 #: Families whose ``unit`` label says what each series is measured in.
 WITH_UNIT_LABEL = {"coeffd_coefficient_value"}
 #: Help text saying the value is a time.
@@ -68,11 +70,11 @@ def _coeffd(families: dict[str, Any]) -> list[Any]:
     return [f for name, f in families.items() if name.startswith("coeffd_")]
 
 
-def test_unitless_gauges_end_in_ratio(families: dict[str, Any]) -> None:
+def test_unitless_gauges_and_histograms_end_in_ratio(families: dict[str, Any]) -> None:
     wrong = [
         f.name
         for f in _coeffd(families)
-        if f.type == "gauge"
+        if f.type in ("gauge", "histogram")
         and RATIO_WORDS.search(f.documentation)
         and not f.name.endswith("_ratio")
         and f.name not in WITH_UNIT_LABEL
@@ -82,6 +84,7 @@ def test_unitless_gauges_end_in_ratio(families: dict[str, Any]) -> None:
     for name in ("coeffd_prediction_mape_ratio", "coeffd_fleet_loco_error_ratio"):
         assert name in families, name
     assert "coeffd_engine_sample_ratio" in families
+    assert "coeffd_prediction_relative_error_ratio" in families
 
 
 def test_times_end_in_seconds_and_counters_in_total(families: dict[str, Any]) -> None:

@@ -169,12 +169,12 @@ def test_error_histograms_setting_sizes_the_series_per_configuration(
     for mode in counts:  # CONTRIBUTING "Reference" (Operations) states these
         print(mode, "series per configuration: max", max(counts[mode].values()))
     off = {s.name for s in _samples(scrapes["off"][2]["learned"])}
-    assert not [n for n in off if n.startswith("coeffd_prediction_relative_error")]
+    assert not [n for n in off if n.startswith("coeffd_prediction_relative_error_ratio")]
     # coarse: 4 finite buckets + Inf per histogram
     coarse = [
         s
         for s in _samples(scrapes["coarse"][2]["learned"])
-        if s.name == "coeffd_prediction_relative_error_bucket"
+        if s.name == "coeffd_prediction_relative_error_ratio_bucket"
     ]
     per_child = Counter(
         tuple(sorted((k, v) for k, v in s.labels.items() if k != "le")) for s in coarse

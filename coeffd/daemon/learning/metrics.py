@@ -109,7 +109,7 @@ class ServeMetrics:
         self.relative_error: BatchHistogram | _NoHistogram = _NoHistogram()
         if error_histograms != "off":
             self.relative_error = BatchHistogram(
-                "coeffd_prediction_relative_error",
+                "coeffd_prediction_relative_error_ratio",
                 "|measured - predicted| / measured of every observation, predicted before "
                 "learning.",
                 ["config", "target", "coefficients"],

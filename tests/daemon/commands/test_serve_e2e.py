@@ -212,7 +212,7 @@ def test_metrics_show_learned_error_below_blis_default(
         for source in ("learned", "blis_default"):
             count = m[
                 (
-                    "coeffd_prediction_relative_error_count",
+                    "coeffd_prediction_relative_error_ratio_count",
                     (("coefficients", source), ("config", cid), ("target", "step_period")),
                 )
             ]
