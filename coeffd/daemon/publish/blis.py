@@ -189,6 +189,11 @@ def engine_args(desc: dict[str, object]) -> tuple[list[str], list[str]]:
         notes.append(
             f"no BLIS flag describes {', '.join(unmodelled)}: BLIS simulates its own behaviour"
         )
+    if str(desc.get("async_scheduling", "")).lower() == "true":
+        notes.append(
+            "async scheduling: BLIS does not model its one-step output delay, so BLIS's TTFT "
+            "comes out about one decode step shorter than the server's (bench calibrate)"
+        )
     return args, notes
 
 

@@ -69,7 +69,7 @@ def test_blis_args_carry_the_measured_engine(url: str, capsys: pytest.CaptureFix
 
 
 def test_unreported_knobs_are_left_to_blis_and_named() -> None:
-    snap = _snapshot(max_num_seqs=0 or None, prefix_caching=True)
+    snap = _snapshot(max_num_seqs=0 or None, prefix_caching=True, async_scheduling=True)
     snap = msgspec.structs.replace(
         snap,
         configuration=msgspec.structs.replace(
@@ -88,6 +88,7 @@ def test_unreported_knobs_are_left_to_blis_and_named() -> None:
     for flag in ("--max-num-batched-tokens (2048)", "--max-num-seqs (256)", "--total-kv-blocks"):
         assert flag in left
     assert any("prefix_caching=True" in n for n in notes)
+    assert any("one-step output delay" in n for n in notes)
 
 
 def test_values_blis_rejects_are_never_printed() -> None:
