@@ -16,18 +16,14 @@ wait was decided, and β and α0 stayed near the prior (step error 4.5 % vs 0.1 
 from __future__ import annotations
 
 import statistics
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pytest
 
+from bench.learning import contention_errors, subsample_null
 from coeffd.daemon.load import LoadController, LoadShedder
 from coeffd.joiner import Joiner, JoinerConfig
-from coeffd.learners.config import LearnersConfig
-from coeffd.learners.features.config import ServingConfig
-from coeffd.learners.registry import LearnerRegistry
 from coeffd.receivers.otlp.decode import Decoder, decode_request
 from coeffd.records.observations import Observation, RequestObservation, StepObservation
 from coeffd.simfleet import SampleRates, ServingSetup, Workload, run
@@ -126,58 +122,20 @@ def test_shedding_builds_a_subset_of_the_unshed_observations(
     assert sum(o.queued_loop_wait_us is not None for o in shed if isinstance(o, RequestObservation))
 
 
-def _errors(res: Any, observations: list[Observation]) -> tuple[float, float]:
-    """Published step time vs the truth (mean signed relative error over every batch the
-    engine ran) and α0's relative error, after learning ``observations``."""
-    conf = res.truth["configurations"][0]
-    point = conf["coefficients"]["points"][0]
-    reg = LearnerRegistry(LearnersConfig())
-    sc = ServingConfig.from_resource(observations[0].source)
-    for o in observations:
-        reg.learn(sc, o)
-    ls = reg.get(sc.id)
-    assert ls is not None and ls.basis is not None
-    snap = reg.estimate(sc.id)
-    reg.pool(snap)
-    x = np.array([ls.basis.fast_terms(s.blis) for s in res.engines[0].steps if s.blis])
-    rel = (x @ np.asarray(snap.beta)) / (x @ np.asarray(point["beta"])) - 1.0
-    return float(rel.mean()), snap.alpha[0] / float(point["alpha"][0]) - 1.0
-
-
-def _hash(salt: int, key: int) -> float:
-    return zlib.crc32(f"{salt}:{key}".encode()) / 2**32
-
-
 def test_shed_coefficients_match_a_random_subsample(
     telemetry: Telemetry, joined: tuple[list[Observation], list[Observation]]
 ) -> None:
     unshed, shed = joined
-    load = telemetry.load
-    learned = [
-        o for o in shed if not isinstance(o, RequestObservation) or load.keep_request(o.request_id)
-    ]
+    keep = telemetry.load.keep_request
+    learned = [o for o in shed if not isinstance(o, RequestObservation) or keep(o.request_id)]
     step_share = sum(isinstance(o, StepObservation) for o in shed) / sum(
         isinstance(o, StepObservation) for o in unshed
     )
-    got = _errors(telemetry.result, learned)
-    # The null: the unshed observations subsampled at random to the same shares, steps
-    # by 128-step blocks (a shed segment runs between summaries ~100 steps apart, and
-    # its spans go together), requests one by one.
-    null = []
-    for salt in range(NULL_DRAWS):
-        sub = [
-            o
-            for o in unshed
-            if (
-                _hash(salt, o.step >> 7) < step_share
-                if isinstance(o, StepObservation)
-                else _hash(salt, zlib.crc32(o.request_id.encode())) < KEEP
-                if isinstance(o, RequestObservation)
-                else True
-            )
-        ]
-        null.append(_errors(telemetry.result, sub))
+    e, a0, _, _ = contention_errors(telemetry.result, learned)
+    # The null: the unshed observations subsampled at random to the same shares
+    null = subsample_null(telemetry.result, unshed, step_share, KEEP, NULL_DRAWS)
     for i, name in enumerate(("step time", "alpha0")):
         draws = [d[i] for d in null]
         mu, sd = statistics.fmean(draws), statistics.stdev(draws)
-        assert abs(got[i] - mu) <= Z * sd, (name, got[i], mu, sd)
+        got = (e, a0)[i]
+        assert abs(got - mu) <= Z * sd, (name, got, mu, sd)

@@ -9,6 +9,14 @@ journeys pin the kept steps' periods) but learned at the same share: at the floo
 learning one per request cost more than learning the kept steps (four learners and four
 scores each), and the α learners need tens of rows, not thousands a second.
 
+What is shed is decided by identity alone — a step by its number, together with the
+segment of journey spans it closes; a request by its id — never by what the observation
+looks like, and a shed step still leaves the joiner's bookkeeping (anchor calibration,
+loop mode, α0's loop waits) as a kept one does. So the observations learned are the
+unshed ones less whole segments and requests picked by hash: shedding costs data, it does
+not move the estimate (``bench learning --scenario contention``,
+``tests/joiner/test_joiner_shedding.py``).
+
 The share is the smaller of a proportional control on the pipeline's backlog and a
 multiplicative one on the duration of the worker's ticks, where a live daemon builds and
 learns the steps its window releases: a long tick delays every snapshot (freshness),
