@@ -68,3 +68,13 @@ def test_an_unknown_command_lists_the_commands(capsys: pytest.CaptureFixture[str
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert "invalid choice: 'bogus'" in err and all(name in err for name in COMMANDS)
+
+
+def test_every_command_module_is_in_the_table() -> None:
+    """A command module without its line in ``COMMANDS`` would never be reachable."""
+    from pathlib import Path
+
+    import coeffd.daemon.commands as commands
+
+    modules = {p.stem for p in Path(commands.__file__).parent.glob("*.py")}
+    assert modules - {"__init__", "common"} == set(COMMANDS)
