@@ -1,15 +1,28 @@
-"""A small threaded HTTP/1.1 server with a router: the OTLP/HTTP receiver's and the
-daemon's (``/metrics``, probes, API) listener, hence down here where both can use it.
+"""The HTTP server of the OTLP/HTTP receiver and of the daemon's listener (``/metrics``,
+probes, API), with a router; down here where both can use it.
 
-Stdlib ``ThreadingHTTPServer`` (one thread per connection) is enough here: the daemon's
-HTTP traffic is scrapes, probes, a few API calls and, on the OTLP/HTTP port, one
-keep-alive connection per exporting process. Handlers are plain functions
-``(Request) -> Response``; routes are exact paths or prefixes, so the serve developer
-can mount ``/v1/...`` API routes with :meth:`Router.add_route`.
+HTTP/1.1 framing is aiohttp's (its llhttp parser: strict ``Transfer-Encoding`` and
+``Content-Length``, chunk sizes checked; keep-alive; bodies streamed under flow control),
+served by an asyncio loop in a background thread. What stays here is what coeffd decides:
+
+* bodies are read in bounded pieces and refused with 413 as soon as they pass
+  ``max_body_bytes`` (Content-Length: before reading any of it), so a connection holds at
+  most one limit's worth whatever the chunking;
+* the TLS handshake runs per connection with a deadline, outside the connection cap: a
+  client that never starts it times out and cannot take a slot a probe needs;
+* at ``max_connections`` the connection that has waited longest for its request is cut
+  for the new one; only when every connection is busy is the new one answered 503;
+* the token / client-certificate :class:`~coeffd.base.security.Gate` runs before a body
+  is read, and refusals are shaped by ``error_response`` (OTLP/HTTP: ``google.rpc.Status``).
+
+Handlers are plain functions ``(Request) -> Response`` run on a small thread pool (or on
+the loop with ``inline_handlers``, for handlers that never block); routes are exact
+paths or prefixes, so the API mounts ``/v1/...`` routes with :meth:`Router.add_route`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import ssl
@@ -17,12 +30,13 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from email.message import Message
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 import structlog
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 if TYPE_CHECKING:
     from coeffd.base.security import Gate
@@ -31,9 +45,19 @@ __all__ = ["Handler", "HttpServer", "Request", "Response", "Router"]
 
 log = structlog.get_logger(__name__)
 
-#: Seconds a client gets to finish the TLS handshake (done in the connection's thread,
-#: so a silent client never blocks accepting others).
+#: Seconds a client gets to finish the TLS handshake; until then it holds no slot of
+#: ``max_connections`` (only one of the handshakes, at most ``PENDING_HANDSHAKES_PER_SLOT``
+#: times that cap, the oldest cut first).
 TLS_HANDSHAKE_TIMEOUT = 10.0
+PENDING_HANDSHAKES_PER_SLOT = 4
+#: Bytes read from a body at a time (and aiohttp's read buffer: flow control pauses the
+#: socket at twice this, however small the chunks are).
+READ_PIECE = 64 * 1024
+#: Seconds and bytes a refused body is still read and dropped, so a client that writes
+#: its whole body before reading sees the 413 instead of a reset.
+DRAIN_SECONDS = 2.0
+#: How often connections overdue for their request are looked for.
+REAP_INTERVAL = 0.25
 
 
 @dataclass(slots=True)
@@ -43,7 +67,7 @@ class Request:
     method: str
     path: str
     query: dict[str, list[str]]
-    headers: Message
+    headers: Mapping[str, str]
     body: bytes
     client: str = ""
 
@@ -118,288 +142,201 @@ class Router:
         return h, sorted(methods)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive: exporters reuse their connection
-    server: _Server
+class _Refused(Exception):
+    """A request answered before its handler ran (``response`` says how)."""
 
-    def setup(self) -> None:
-        # A socket timeout bounds every read: an idle keep-alive connection or a client
-        # that stalls inside a request is closed instead of holding its thread forever.
-        super().setup()
-        self.connection.settimeout(self.server.idle_timeout)
-        # Headers and body leave in two writes: with Nagle on, the body waits for the
-        # client's delayed ACK (~40 ms a response on keep-alive connections).
-        with contextlib.suppress(OSError):
-            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def __init__(self, response: web.StreamResponse) -> None:
+        super().__init__()
+        self.response = response
 
-    def handle_one_request(self) -> None:
-        # The idle timeout bounds each read; this bounds the whole request, so a client
-        # trickling a byte now and then cannot hold its thread (and a connection slot).
-        self.server.expect_request(self.connection)
-        try:
-            super().handle_one_request()
-        finally:
-            self.server.request_arrived(self.connection)
 
-    def log_message(self, format: str, *args: Any) -> None:
-        # Access logs would be one line per request; the metrics count requests instead.
-        pass
+class _Protocol(RequestHandler):
+    """aiohttp's connection handler; its framing errors (bad chunk sizes, conflicting
+    lengths, unknown transfer codings) are counted and answered in our shape."""
 
-    def _dispatch(self) -> None:
-        srv = self.server
-        url = urllib.parse.urlsplit(self.path)
-        if srv.gate is not None and not self._admitted(srv.gate, url.path):
-            return
-        handler, allowed = srv.router.resolve(self.command, url.path)
-        if handler is None:
-            self._read_body(discard=True)
-            if allowed:
-                self._send(self._error(405, "method not allowed", {"Allow": ", ".join(allowed)}))
-            else:
-                self._send(self._error(404, "not found"))
-            return
-        body = self._read_body()
-        self.server.request_arrived(self.connection)
-        if body is None:
-            return
-        req = Request(
-            method=self.command,
-            path=url.path,
-            query=urllib.parse.parse_qs(url.query),
-            headers=self.headers,
-            body=body,
-            client=self.client_address[0] if self.client_address else "",
-        )
-        try:
-            resp = handler(req)
-        except Exception:
-            log.exception("http handler failed", path=url.path, method=self.command)
-            resp = self._error(500, "internal error")
-        self._send(resp, head=self.command == "HEAD")
+    def __init__(self, owner: HttpServer, manager: _Manager, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._owner = owner
 
-    def _admitted(self, gate: Gate, path: str) -> bool:
-        """Apply the listener's token / client-certificate rule before reading the body."""
-        conn = self.connection
-        has_cert = isinstance(conn, ssl.SSLSocket) and bool(conn.getpeercert())
-        client = self.client_address[0] if self.client_address else ""
-        reason = gate.check(path, self.headers.get("Authorization"), has_cert, client)
-        if reason is None:
-            return True
-        self.close_connection = True  # the body stays unread
-        if reason == "client_certificate":
-            self._send(self._error(403, "client certificate required"))
-        else:
-            error = ', error="invalid_token"' if reason == "invalid_token" else ""
-            challenge = {"WWW-Authenticate": f'Bearer realm="coeffd"{error}'}
-            self._send(self._error(401, "bearer token required", challenge))
-        return False
-
-    def _error(
-        self, status: int, reason: str, headers: Mapping[str, str] | None = None
-    ) -> Response:
-        """An error answer shaped by the server's ``error_response`` (OTLP/HTTP: a
-        ``google.rpc.Status`` in the request's encoding), else plain text."""
-        shape = self.server.error_response
-        if shape is None:
-            return Response.text(status, reason, headers)
-        resp = shape(status, reason, self.headers.get("Content-Type") or "")
-        resp.headers.update(headers or {})
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        owner = self._owner
+        if status >= 500 and not isinstance(exc, _Refused):
+            log.warning("http request failed", listener=owner.name, error=repr(exc))
+        reason = (message or (str(exc) if exc is not None else "") or "bad request")[:200]
+        if status < 500:
+            owner.refused(status, f"malformed request: {reason}", request.remote or "")
+        ctype = ""
+        with contextlib.suppress(Exception):
+            ctype = request.headers.get("Content-Type", "")
+        resp = owner.error(status, "malformed request" if status < 500 else "internal error", ctype)
+        resp.force_close()
         return resp
 
-    def _read_body(self, discard: bool = False) -> bytes | None:
-        """Read the body (Content-Length or chunked) up to the server's limit."""
-        limit = self.server.max_body_bytes
-        te = (self.headers.get("Transfer-Encoding") or "").lower()
-        if "chunked" in te:
-            chunks: list[bytes] = []
-            total = 0
-            while True:
-                line = self.rfile.readline(1024)
-                try:
-                    size = int(line.split(b";", 1)[0].strip() or b"0", 16)
-                except ValueError:
-                    self._refuse(400, "bad chunked encoding")
-                    return None
-                if size == 0:
-                    while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
-                        pass
-                    break
-                total += size
-                if total > limit:
-                    self._refuse(413, f"body larger than {limit} bytes")
-                    return None
-                chunks.append(self.rfile.read(size))
-                self.rfile.readline(1024)
-            return b"" if discard else b"".join(chunks)
+
+class _Manager(web.Server):
+    """aiohttp's low-level server (the protocol factory), plus the connection cap and the
+    request deadline of :class:`HttpServer`."""
+
+    def __init__(self, owner: HttpServer, **kwargs: Any) -> None:
+        super().__init__(owner.dispatch, **kwargs)
+        self.owner = owner
+        #: connections waiting for (or still reading) a request → since when
+        self.waiting: dict[RequestHandler, float] = {}
+
+    def __call__(self) -> RequestHandler:
+        return _Protocol(self.owner, self, loop=self._loop, **self._kwargs)
+
+    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
+        cap = self.owner.max_connections
+        if cap and len(self._connections) >= cap:
+            if self.waiting:
+                victim = min(self.waiting, key=self.waiting.__getitem__)
+                del self.waiting[victim]
+                victim.force_close()
+                victim_transport = self._connections.get(victim)
+                if victim_transport is not None:
+                    victim_transport.abort()
+                self.owner.refused(503, "idle connection cut for a new one", _peer(transport))
+            else:
+                with contextlib.suppress(Exception):
+                    transport.write(
+                        b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n"
+                        b"Content-Length: 0\r\nConnection: close\r\n\r\n"
+                    )
+                transport.close()
+                handler.force_close()
+                self.owner.refused(503, "too many connections", _peer(transport))
+        super().connection_made(handler, transport)
+        self.waiting[handler] = time.monotonic()
+
+    def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
+        self.waiting.pop(handler, None)
+        super().connection_lost(handler, exc)
+
+    def reap(self, deadline: float) -> None:
+        """Cut the connections whose request has not arrived whole since ``deadline``."""
+        for handler, since in list(self.waiting.items()):
+            if since < deadline:
+                del self.waiting[handler]
+                handler.force_close()
+                transport = self._connections.get(handler)
+                if transport is not None:
+                    transport.abort()
+
+
+class _TlsAccept(asyncio.Protocol):
+    """A plain TCP connection until its TLS handshake is done (with a deadline, counted
+    when it fails); then the HTTP protocol's, to which it forwards what arrives."""
+
+    def __init__(self, owner: HttpServer) -> None:
+        self.owner = owner
+        self.inner: RequestHandler | None = None
+        self.raw: asyncio.Transport | None = None
+        # what arrives between the handshake's end and the HTTP protocol's start
+        self.early: list[bytes] = []
+        self.early_eof = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.raw = transport
+        transport.pause_reading()  # nothing is read before start_tls takes over
+        self.owner.handshake_started(self)
+        asyncio.get_running_loop().create_task(self._handshake(transport))
+
+    async def _handshake(self, raw: asyncio.Transport) -> None:
+        owner = self.owner
+        loop = asyncio.get_running_loop()
+        assert owner.ssl_context is not None
         try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            self._refuse(400, "bad Content-Length")
-            return None
-        if length < 0 or length > limit:
-            self._refuse(413, f"body larger than {limit} bytes")
-            # A client that writes its whole body before reading (most do) would get a
-            # reset instead of the 413: read and drop up to one more limit's worth
-            # (each read bounded by the idle timeout) before closing.
-            self._drain(min(length, limit))
-            return None
-        data = self.rfile.read(length) if length else b""
-        return b"" if discard else data
-
-    def _drain(self, n: int) -> None:
-        try:
-            self.wfile.flush()
-            while n > 0:
-                got = self.rfile.read(min(n, 1 << 16))
-                if not got:
-                    return
-                n -= len(got)
-        except OSError:
-            pass
-
-    def _refuse(self, status: int, reason: str) -> None:
-        """Answer a request whose body we will not read, and tell the owner."""
-        self.close_connection = True  # the unread body would poison keep-alive
-        self._send(self._error(status, reason))
-        hook = self.server.on_refused
-        if hook is not None:
-            hook(status, reason, self.client_address[0] if self.client_address else "")
-
-    def _send(self, resp: Response, head: bool = False) -> None:
-        self.send_response(resp.status)
-        self.send_header("Content-Type", resp.content_type)
-        self.send_header("Content-Length", str(len(resp.body)))
-        for k, v in resp.headers.items():
-            self.send_header(k, v)
-        self.end_headers()
-        if not head and resp.body:
-            self.wfile.write(resp.body)
-
-    do_GET = _dispatch
-    do_POST = _dispatch
-    do_PUT = _dispatch
-    do_DELETE = _dispatch
-    do_HEAD = _dispatch
-    do_PATCH = _dispatch
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    # listen(2) backlog; socketserver's default of 5 stalled connects under a burst (the
-    # kernel caps it at net.core.somaxconn).
-    request_queue_size = 1024
-    idle_timeout: float | None = None
-    max_connections: int = 0  # 0 = unbounded
-    error_response: Callable[[int, str, str], Response] | None = None
-    _active = 0
-    _active_lock = threading.Lock()
-    _deadlines: dict[Any, float]
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        # One thread per connection, at most ``max_connections``: at the cap the
-        # connection that has waited longest for its request (idle keep-alive, a silent or
-        # trickling client) is cut to make room, so idle clients can never lock out a
-        # probe or an exporter; only when every connection is busy with a request is the
-        # new one answered 503 at once and closed.
-        if self.max_connections:
-            victim = None
-            with self._active_lock:
-                full = self._active >= self.max_connections
-                if full and self.idle_timeout is not None and self._deadlines:
-                    victim = min(self._deadlines, key=self._deadlines.__getitem__)
-                    del self._deadlines[victim]
-                    full = False
-                if not full:
-                    self._active += 1  # the victim's thread gives its slot back as it ends
-            if victim is not None:
-                with contextlib.suppress(OSError):
-                    victim.shutdown(socket.SHUT_RDWR)
-                if self.on_refused is not None:
-                    self.on_refused(503, "idle connection cut for a new one", _peer(victim))
-            if full:
-                self._turn_away(request, client_address)
-                return
-        super().process_request(request, client_address)
-
-    def expect_request(self, conn: Any) -> None:
-        """``conn`` now waits for a request: it must have arrived within the timeout."""
-        if self.idle_timeout is not None:
-            with self._active_lock:
-                self._deadlines[conn] = time.monotonic() + self.idle_timeout
-
-    def request_arrived(self, conn: Any) -> None:
-        """The request on ``conn`` is read (or the connection is done)."""
-        with self._active_lock:
-            self._deadlines.pop(conn, None)
-
-    def service_actions(self) -> None:
-        # Called by serve_forever every poll interval: cut the connections whose request
-        # is overdue; their blocked read returns and the thread ends.
-        if not self._deadlines:
-            return
-        now = time.monotonic()
-        with self._active_lock:
-            overdue = [c for c, t in self._deadlines.items() if t < now]
-            for c in overdue:
-                del self._deadlines[c]
-        for c in overdue:
-            with contextlib.suppress(OSError):
-                c.shutdown(socket.SHUT_RDWR)
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            if self.max_connections:
-                with self._active_lock:
-                    self._active -= 1
-
-    def _turn_away(self, request: Any, client_address: Any) -> None:
-        try:
-            request.settimeout(1.0)
-            request.sendall(
-                b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n"
-                b"Content-Length: 0\r\nConnection: close\r\n\r\n"
+            tls = await asyncio.wait_for(
+                loop.start_tls(
+                    raw,
+                    self,
+                    owner.ssl_context,
+                    server_side=True,
+                    ssl_handshake_timeout=owner.handshake_timeout,
+                ),
+                owner.handshake_timeout + 1.0,
             )
-        except (OSError, ValueError):  # TLS sockets refuse plain bytes before a handshake
-            pass
-        self.shutdown_request(request)
-        if self.on_refused is not None:
-            self.on_refused(503, "too many connections", str(client_address[0]))
+        except (TimeoutError, OSError, ValueError, RuntimeError) as e:
+            owner.handshake_done(self)
+            raw.abort()
+            if owner.gate is not None and not owner.stopping:
+                owner.gate.handshake_failed(e, _peer(raw))
+            return
+        finally:
+            owner.handshake_done(self)
+        if tls is None or tls.is_closing() or owner.manager is None:
+            raw.abort()
+            return
+        inner = owner.manager()
+        inner.connection_made(tls)
+        self.inner = inner
+        for data in self.early:
+            inner.data_received(data)
+        self.early.clear()
+        if self.early_eof:
+            inner.eof_received()
 
-    router: Router
-    max_body_bytes: int
-    on_refused: Callable[[int, str, str], None] | None
-    gate: Gate | None = None
+    def abort(self) -> None:
+        """Give up on this handshake (too many pending)."""
+        if self.raw is not None:
+            self.raw.abort()
 
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        # The TLS handshake runs here, in the connection's own thread (see HttpServer).
-        if isinstance(request, ssl.SSLSocket):
-            request.settimeout(TLS_HANDSHAKE_TIMEOUT)
-            try:
-                request.do_handshake()
-            except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
-                if self.gate is not None:
-                    self.gate.handshake_failed(e, str(client_address[0]))
-                return
-            request.settimeout(None)
-        super().finish_request(request, client_address)
+    def data_received(self, data: bytes) -> None:
+        if self.inner is not None:
+            self.inner.data_received(data)
+        elif sum(map(len, self.early)) < READ_PIECE:
+            self.early.append(data)
+        else:  # the handshake's wake-up is one loop turn away; this is a flood
+            self.abort()
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # Client resets and half-closed connections are normal; never print a traceback.
-        log.debug("http connection error", client=str(client_address))
+    def eof_received(self) -> bool | None:
+        if self.inner is not None:
+            self.inner.eof_received()
+        else:
+            self.early_eof = True
+        return None
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self.inner is not None:
+            self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.resume_writing()
 
 
-def _peer(conn: Any) -> str:
+def _peer(transport: asyncio.BaseTransport) -> str:
     try:
-        return str(conn.getpeername()[0])
-    except (OSError, IndexError, TypeError):
+        return str(transport.get_extra_info("peername")[0])
+    except (TypeError, IndexError, OSError):
         return ""
 
 
-class _Server6(_Server):
-    address_family = socket.AF_INET6
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        # listen(2) backlog: a burst of connects must not stall (capped by somaxconn)
+        sock.listen(1024)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 class HttpServer:
@@ -419,47 +356,120 @@ class HttpServer:
         idle_timeout: float | None = 60.0,
         ssl_context: ssl.SSLContext | None = None,
         gate: Gate | None = None,
+        handshake_timeout: float = TLS_HANDSHAKE_TIMEOUT,
+        inline_handlers: bool = False,
+        handler_threads: int = 8,
     ) -> None:
         """``on_refused(status, reason, client)`` is told about requests refused before
         routing (oversize or malformed bodies, 503 past ``max_connections``), so receivers
         can count them; ``error_response(status, reason, request content type)`` shapes
         those answers (default: text). ``idle_timeout``: seconds a connection may stay
         silent, and that a request may take to arrive whole (None: forever).
-        ``ssl_context``: serve HTTPS; ``gate``: token / client-certificate rule per path."""
+        ``ssl_context``: serve HTTPS (each handshake within ``handshake_timeout``);
+        ``gate``: token / client-certificate rule per path. ``inline_handlers``: run the
+        handlers on the serving loop (they must never block), else on
+        ``handler_threads`` threads."""
         self.router = router or Router()
         self.name = name
-        server_cls = _Server6 if ":" in host else _Server
-        self._server = server_cls((host, port), _Handler)
-        self._server.router = self.router
-        self._server.max_body_bytes = max_body_bytes
-        self._server.on_refused = on_refused
-        self._server.error_response = error_response
-        self._server.max_connections = max_connections
-        self._server.idle_timeout = idle_timeout
-        self._server._active_lock = threading.Lock()  # per server, not the class's
-        self._server._deadlines = {}
-        self._server.gate = gate
-        if ssl_context is not None:
-            # Handshake deferred to the connection thread (_Server.finish_request).
-            self._server.socket = ssl_context.wrap_socket(
-                self._server.socket, server_side=True, do_handshake_on_connect=False
-            )
+        self.max_body_bytes = max_body_bytes
+        self.on_refused = on_refused
+        self.error_response = error_response
+        self.max_connections = max_connections
+        self.idle_timeout = idle_timeout
+        self.ssl_context = ssl_context
+        self.gate = gate
+        self.handshake_timeout = handshake_timeout
+        self.inline_handlers = inline_handlers
+        self._threads = handler_threads
+        self._sock = _bind(host, port)
+        self._port = int(self._sock.getsockname()[1])
+        self.manager: _Manager | None = None
+        self.stopping = False
+        self._pending: dict[_TlsAccept, float] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._reaper_task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
         """The bound port (useful with port 0)."""
-        return int(self._server.server_address[1])
+        return self._port
+
+    # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Start serving in a daemon thread."""
+        """Start serving in a daemon thread (returns once the socket is served)."""
+        started = threading.Event()
         self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.2},
-            name=f"coeffd-{self.name}",
-            daemon=True,
+            target=self._run, args=(started,), name=f"coeffd-{self.name}", daemon=True
         )
         self._thread.start()
+        started.wait(10.0)
+
+    def _run(self, started: threading.Event) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        if self._pool is None and not self.inline_handlers:
+            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix=f"coeffd-{self.name}")
+        try:
+            server = loop.run_until_complete(self._serve())
+            started.set()
+            loop.run_forever()
+            server.close()
+            if self.manager is not None:
+                self.manager.pre_shutdown()
+            for pending in list(self._pending):
+                pending.abort()
+            loop.run_until_complete(asyncio.sleep(0))
+            tasks = asyncio.all_tasks(loop)
+            for t in tasks:
+                t.cancel()
+            if tasks:
+                loop.run_until_complete(asyncio.wait(tasks, timeout=2.0))
+        finally:
+            started.set()
+            loop.close()
+
+    async def _serve(self) -> asyncio.AbstractServer:
+        loop = asyncio.get_running_loop()
+        keepalive = self.idle_timeout if self.idle_timeout is not None else 3630.0
+        self.manager = _Manager(
+            self,
+            loop=loop,
+            keepalive_timeout=keepalive,
+            auto_decompress=False,  # receivers inflate bodies themselves, bounded
+            read_bufsize=READ_PIECE,
+            lingering_time=DRAIN_SECONDS,
+            access_log=None,
+        )
+        manager = self.manager
+
+        def factory() -> asyncio.BaseProtocol:
+            return _TlsAccept(self) if self.ssl_context is not None else manager()
+
+        server = await loop.create_server(factory, sock=self._sock, backlog=1024)
+        self._reaper_task = loop.create_task(self._reaper())
+        return server
+
+    async def _reaper(self) -> None:
+        while True:
+            await asyncio.sleep(REAP_INTERVAL)
+            if self.idle_timeout is not None and self.manager is not None:
+                self.manager.reap(time.monotonic() - self.idle_timeout)
+
+    def handshake_started(self, conn: _TlsAccept) -> None:
+        """A TLS handshake began; past the cap of pending ones the oldest is cut."""
+        self._pending[conn] = time.monotonic()
+        cap = max(1, self.max_connections) * PENDING_HANDSHAKES_PER_SLOT
+        if len(self._pending) > cap:
+            oldest = min(self._pending, key=self._pending.__getitem__)
+            del self._pending[oldest]
+            oldest.abort()
+
+    def handshake_done(self, conn: _TlsAccept) -> None:
+        """The handshake of ``conn`` ended (either way)."""
+        self._pending.pop(conn, None)
 
     @property
     def alive(self) -> bool:
@@ -473,9 +483,163 @@ class HttpServer:
         self.start()
 
     def stop(self) -> None:
-        """Stop accepting and close the socket."""
-        if self._thread is not None:
-            self._server.shutdown()
-            self._thread.join(timeout=5)
-            self._thread = None
-        self._server.server_close()
+        """Stop accepting, close the connections and the socket."""
+        self.stopping = True
+        loop, thread = self._loop, self._thread
+        if loop is not None and thread is not None and thread.is_alive():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=5)
+        self._thread = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+        self._sock.close()
+
+    # ------------------------------------------------------------------ requests
+
+    def refused(self, status: int, reason: str, client: str) -> None:
+        """Tell the owner about a request refused before its handler."""
+        if self.on_refused is not None:
+            try:
+                self.on_refused(status, reason, client)
+            except Exception:
+                log.exception("http on_refused hook failed", listener=self.name)
+
+    def error(
+        self, status: int, reason: str, ctype: str, headers: Mapping[str, str] | None = None
+    ) -> web.Response:
+        """An error answer shaped by ``error_response`` (OTLP/HTTP: a ``google.rpc.Status``
+        in the request's encoding), else plain text."""
+        if self.error_response is None:
+            resp = Response.text(status, reason, headers)
+        else:
+            resp = self.error_response(status, reason, ctype)
+            resp.headers.update(headers or {})
+        return _web(resp)
+
+    async def dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
+        """aiohttp's request handler: gate, route, bounded body, handler."""
+        manager = self.manager
+        proto = request.protocol
+        url = urllib.parse.urlsplit(request.raw_path)
+        path = url.path
+        client = request.remote or ""
+        ctype = request.headers.get("Content-Type", "")
+        try:
+            if self.gate is not None:
+                self._admit(self.gate, request, path, client, ctype)
+            handler, allowed = self.router.resolve(request.method, path)
+            if handler is None:
+                if allowed:
+                    allow = {"Allow": ", ".join(allowed)}
+                    miss = self.error(405, "method not allowed", ctype, allow)
+                else:
+                    miss = self.error(404, "not found", ctype)
+                if not request.content.is_eof() and request.body_exists:
+                    miss.force_close()  # the body stays unread
+                return miss
+            body = await self._body(request, ctype, client)
+        except _Refused as r:
+            return r.response
+        if manager is not None and isinstance(proto, RequestHandler):
+            manager.waiting.pop(proto, None)  # the request is here: no deadline while handled
+        req = Request(
+            method=request.method,
+            path=path,
+            query=urllib.parse.parse_qs(url.query),
+            headers=request.headers,
+            body=body,
+            client=client,
+        )
+        resp: Response
+        try:
+            if self.inline_handlers or self._pool is None:
+                resp = handler(req)
+            else:
+                loop = asyncio.get_running_loop()
+                resp = await loop.run_in_executor(self._pool, handler, req)
+        except Exception:
+            log.exception("http handler failed", path=path, method=request.method)
+            resp = Response.text(500, "internal error")
+            if self.error_response is not None:
+                resp = self.error_response(500, "internal error", ctype)
+        if manager is not None and isinstance(proto, RequestHandler) and not proto._force_close:
+            manager.waiting[proto] = time.monotonic()  # now waiting for the next one
+        return _web(resp)
+
+    def _admit(
+        self, gate: Gate, request: web.BaseRequest, path: str, client: str, ctype: str
+    ) -> None:
+        """Apply the listener's token / client-certificate rule before reading the body."""
+        transport = request.transport
+        has_cert = bool(transport is not None and transport.get_extra_info("peercert"))
+        reason = gate.check(path, request.headers.get("Authorization"), has_cert, client)
+        if reason is None:
+            return
+        if reason == "client_certificate":
+            resp = self.error(403, "client certificate required", ctype)
+        else:
+            error = ', error="invalid_token"' if reason == "invalid_token" else ""
+            challenge = {"WWW-Authenticate": f'Bearer realm="coeffd"{error}'}
+            resp = self.error(401, "bearer token required", ctype, challenge)
+        resp.force_close()  # the body stays unread
+        raise _Refused(resp)
+
+    async def _body(self, request: web.BaseRequest, ctype: str, client: str) -> bytes:
+        """The body, read in pieces up to ``max_body_bytes``; raises :class:`_Refused`."""
+        limit = self.max_body_bytes
+        length = request.content_length
+        if length is not None and length > limit:
+            await self._refuse(request, 413, f"body larger than {limit} bytes", ctype, client)
+        if not request.body_exists:
+            return b""
+        buf = bytearray()
+        content = request.content
+        try:
+            while True:
+                piece = await content.read(READ_PIECE)
+                if not piece:
+                    break
+                if len(buf) + len(piece) > limit:
+                    del buf[:]
+                    await self._refuse(
+                        request, 413, f"body larger than {limit} bytes", ctype, client
+                    )
+                buf += piece
+        except _Refused:
+            raise
+        except Exception as e:  # aiohttp's payload errors: framing broken mid-body
+            reason = f"malformed body: {str(e)[:200]}"
+            resp = self.error(400, reason, ctype)
+            resp.force_close()
+            self.refused(400, reason, client)
+            raise _Refused(resp) from None
+        return bytes(buf)
+
+    async def _refuse(
+        self, request: web.BaseRequest, status: int, reason: str, ctype: str, client: str
+    ) -> None:
+        """Answer ``status`` without reading the rest of the body, and close after it; a
+        limit's worth is read and dropped first (bounded in time) so that a client that
+        writes before it reads gets the answer rather than a reset."""
+        self.refused(status, reason, client)
+        resp = self.error(status, reason, ctype)
+        resp.force_close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._drain(request.content, self.max_body_bytes), DRAIN_SECONDS)
+        raise _Refused(resp)
+
+    @staticmethod
+    async def _drain(content: Any, n: int) -> None:
+        while n > 0:
+            piece = await content.read(min(n, READ_PIECE))
+            if not piece:
+                return
+            n -= len(piece)
+
+
+def _web(resp: Response) -> web.Response:
+    headers = {"Content-Type": resp.content_type}
+    headers.update(resp.headers)
+    return web.Response(status=resp.status, body=resp.body, headers=headers)

@@ -211,7 +211,7 @@ def test_idle_connection_is_closed() -> None:
         with _connect(a) as sock:
             assert sock.recv(1) == b""  # closed by the server, not by our 30 s safety net
         with _connect(a) as sock:  # stalls inside a request: closed too
-            sock.sendall(b"POST /v1/traces HTTP/1.1\r\nContent-Length: 100\r\n\r\nabc")
+            sock.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: c\r\nContent-Length: 100\r\n\r\nabc")
             assert sock.recv(1) == b""
 
 

@@ -103,7 +103,7 @@ def test_http_partial_success_and_counters(app: App) -> None:
 
 
 def test_http_oversize_body_413(app: App) -> None:
-    app._otlp_http._server._server.max_body_bytes = 1000  # type: ignore[union-attr]
+    app._otlp_http._server.max_body_bytes = 1000  # type: ignore[union-attr]
     code, _, _ = post(app, b"\x00" * 5000, PB)
     assert code == 413
     m = scrape(app)

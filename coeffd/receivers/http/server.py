@@ -148,6 +148,7 @@ class OtlpHttpReceiver:
             idle_timeout=cfg.idle_timeout_seconds,
             ssl_context=tls,
             gate=gate,
+            inline_handlers=True,  # decode and offer never block: no thread hand-off
         )
 
     @property
