@@ -19,6 +19,12 @@ simfleet's **noiseless** truth:
 
 Per sampling rate (step 0.01 = vLLM's default, 0.05, 1.0; journey 1.0, rich 0.001) and
 loop mode (async, sync) on the dense configuration, and the MoE one at the default rate.
+
+**Backlog** (issue 32): the same run (dense async, default rate) delivered live (each
+export pushed at its time, the joiner ticked with that time as the receiver's clock) and
+as one burst a minute after its end (an outage's backlog from the Collector's queue;
+the receiver's clock ticking through it): the published step time vs the truth must
+agree within 0.2 points, α0 within 1 point, and nothing may be counted late.
 The joiner and learners run in process on simfleet's decoded records (the real OTLP
 decode; no sockets), so the figures are the learning's, not the machine's.
 ``bench closedloop`` carries the same learning into TTFT/E2E.
@@ -60,33 +66,129 @@ def _regime(batch: Sequence[Any], tokens: int) -> str:
     return "prefill" if pf > 0.5 * tokens else ("decode" if pf == 0 else "mixed")
 
 
+def _simulate(spec: Any, duration_s: float, seed: int, step_rate: float) -> tuple[list[Any], Any]:
+    """simfleet's run of one engine: its decoded export batches (the real OTLP decode) and
+    the run (truth, recorded steps)."""
+    from coeffd.receivers.otlp.decode import Decoder, decode_request
+    from coeffd.simfleet import SampleRates, run
+
+    dec = Decoder()
+    batches: list[list[Any]] = []
+    sim = run(
+        [spec],
+        duration_s,
+        seed,
+        trace_sinks=[lambda req: batches.append(list(decode_request(req, dec).records))],
+        rates=SampleRates(1.0, step_rate, 0.001, 100),
+        record_steps=True,
+        drain_s=5.0,
+    )
+    return batches, sim
+
+
+def _step_errors(
+    reg: Any, config_id: str, steps: Sequence[Any], true_beta: Any
+) -> dict[str, tuple[float, float]]:
+    """Published β's step time vs the true β's on every batch run, by regime and ``all``:
+    (mean signed, mean absolute) relative error."""
+    ls = reg.get(config_id)
+    assert ls is not None and ls.basis is not None
+    snap = reg.estimate(config_id)
+    reg.pool(snap)
+    beta = np.asarray(snap.beta)
+    by: dict[str, list[float]] = {}
+    for s in steps:
+        x = ls.basis.fast_terms(s.blis)
+        e = float(x @ beta / (x @ true_beta) - 1.0)
+        by.setdefault(_regime(s.blis, s.tokens), []).append(e)
+        by.setdefault("all", []).append(e)
+    return {k: (statistics.fmean(v), statistics.fmean(abs(e) for e in v)) for k, v in by.items()}
+
+
+def _wall(record: Any) -> int:
+    w = getattr(record, "wall_ns", None)
+    return int(w) if w is not None else int(record.span.end_wall_ns)
+
+
+def run_backlog(spec: Any, duration_s: float, seed: int) -> tuple[Result, Result, int]:
+    """The same run learned live and from one burst after the fact; returns both results
+    and the requests the burst's joiner counted late."""
+    batches, sim = _simulate(spec, duration_s, seed, 0.01)
+    point = sim.truth["configurations"][0]["coefficients"]["points"][0]
+    true_beta, true_a0 = np.asarray(point["beta"]), float(point["alpha"][0])
+    steps = [s for s in sim.engines[0].steps if s.blis and s.tokens > 0]
+    times = [max(_wall(r) for r in b) if b else 0 for b in batches]
+    late = 0
+    out: list[Result] = []
+    for mode in ("live", "backlog"):
+        t0 = time.perf_counter()
+        joiner, reg, config_id = _learn_delivered(batches, times, mode)
+        res = Result(f"dense async step=0.01 seed {seed} {mode}")
+        if config_id is not None and reg.get(config_id) is not None:
+            res.errors = _step_errors(reg, config_id, steps, true_beta)
+            res.alpha0_err = reg.estimate(config_id).alpha[0] / true_a0 - 1.0
+        outcomes = joiner.metrics.outcomes
+        res.summary_obs = outcomes[("step", "joined")]
+        res.span_obs = outcomes[("request", "joined")]
+        if mode == "backlog":
+            late = outcomes[("request", "late")]
+        res.wall_s = time.perf_counter() - t0
+        out.append(res)
+    return out[0], out[1], late
+
+
+def _learn_delivered(
+    batches: list[list[Any]], times: list[int], mode: str
+) -> tuple[Any, Any, str | None]:
+    """Join and learn ``batches`` delivered ``live`` (each at its time, the joiner
+    ticked with it) or as a ``backlog`` (one burst a minute after the end); then two
+    minutes of the receiver's clock with nothing arriving, and the flush."""
+    from coeffd.joiner import Joiner, JoinerConfig
+    from coeffd.learners.config import LearnersConfig
+    from coeffd.learners.features.config import ServingConfig
+    from coeffd.learners.registry import LearnerRegistry
+
+    joiner = Joiner(JoinerConfig())
+    reg = LearnerRegistry(LearnersConfig())
+    configs: list[ServingConfig] = []
+
+    def learn(observations: list[Any]) -> None:
+        for obs in observations:
+            if not configs:
+                configs.append(ServingConfig.from_resource(obs.source))
+            reg.learn(configs[0], obs)
+
+    end = max(times)
+    now = end + 60 * 10**9  # the burst: a minute after the run's end
+    if mode == "backlog":
+        learn(joiner.tick(now))  # the daemon ticked before the burst came
+    for i, b in enumerate(batches):
+        learn(joiner.push_many(b))
+        if mode == "live":
+            if times[i]:
+                learn(joiner.tick(times[i]))
+        elif i % 100 == 0:  # the burst is read fast: 10 ms of clock per 100 exports
+            now += 10**7
+            learn(joiner.tick(now))
+    clock = max(now, end)
+    for _ in range(120):
+        clock += 10**9
+        learn(joiner.tick(clock))
+    learn(joiner.flush())
+    return joiner, reg, configs[0].id if configs else None
+
+
 def run_one(label: str, spec: Any, duration_s: float, step_rate: float, seed: int) -> Result:
     """Learn one engine's configuration in process; error vs noiseless truth over time."""
     from coeffd.joiner import Joiner, JoinerConfig
     from coeffd.learners.config import LearnersConfig
     from coeffd.learners.features.config import ServingConfig
     from coeffd.learners.registry import LearnerRegistry
-    from coeffd.receivers.otlp.decode import Decoder, decode_request
     from coeffd.records.observations import PeriodMethod, StepObservation
-    from coeffd.simfleet import SampleRates, run
 
     res = Result(label)
     t0 = time.perf_counter()
-    dec = Decoder()
-    batches: list[list[Any]] = []
-
-    def sink(req: Any) -> None:
-        batches.append(list(decode_request(req, dec).records))
-
-    sim = run(
-        [spec],
-        duration_s,
-        seed,
-        trace_sinks=[sink],
-        rates=SampleRates(1.0, step_rate, 0.001, 100),
-        record_steps=True,
-        drain_s=5.0,
-    )
+    batches, sim = _simulate(spec, duration_s, seed, step_rate)
     conf = sim.truth["configurations"][0]
     point = conf["coefficients"]["points"][0]
     true_beta = np.asarray(point["beta"])
@@ -147,21 +249,8 @@ def run_one(label: str, spec: Any, duration_s: float, step_rate: float, seed: in
             ok_from = None
     res.minutes_to_target = None if ok_from is None else ok_from / 60.0
     if sc is not None and reg.get(sc.id) is not None:
-        ls = reg.get(sc.id)
-        assert ls is not None and ls.basis is not None
-        snap = reg.estimate(sc.id)
-        reg.pool(snap)
-        beta = np.asarray(snap.beta)
-        by: dict[str, list[float]] = {}
-        for s in steps:
-            x = ls.basis.fast_terms(s.blis)
-            e = float(x @ beta / (x @ true_beta) - 1.0)
-            by.setdefault(_regime(s.blis, s.tokens), []).append(e)
-            by.setdefault("all", []).append(e)
-        res.errors = {
-            k: (statistics.fmean(v), statistics.fmean(abs(e) for e in v)) for k, v in by.items()
-        }
-        res.alpha0_err = snap.alpha[0] / true_a0 - 1.0
+        res.errors = _step_errors(reg, sc.id, steps, true_beta)
+        res.alpha0_err = reg.estimate(sc.id).alpha[0] / true_a0 - 1.0
     res.wall_s = time.perf_counter() - t0
     return res
 
@@ -216,6 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=600.0, help="simulated seconds")
     ap.add_argument("--seeds", default="3,4", help="comma-separated seeds")
     ap.add_argument("--quick", action="store_true", help="one seed, 180 s, default rate only")
+    ap.add_argument("--backlog", action="store_true", help="only the backlog row (first seed)")
     args = ap.parse_args(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
     from coeffd.simfleet import ServingSetup, Workload
@@ -230,6 +320,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rates = (0.01,) if args.quick else (0.01, 0.05, 1.0)
     if args.quick:
         seeds, duration = seeds[:1], 180.0
+    if args.backlog:
+        return 0 if _backlog_row(dense, wl, duration, seeds[0]) else 1
     for rate in rates:
         for asy in (True, False):
             sc = replace(dense, async_scheduling=asy)
@@ -262,7 +354,33 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 missed += not ok
                 print(f"      [{'PASS' if ok else 'FAIL'}] default sampling targets", flush=True)
+    missed += not _backlog_row(dense, wl, duration, seeds[0])
     return 1 if missed else 0
+
+
+def _backlog_row(dense: Any, wl: Any, duration: float, seed: int) -> bool:
+    """Print the backlog row; True when live and burst agree (issue 32 target)."""
+    from coeffd.simfleet.scenarios import _engine
+
+    spec = _engine(f"bench-{seed}", replace(dense, async_scheduling=True), wl)
+    live, burst, late = run_backlog(spec, duration, seed)
+    print("  backlog: the same run delivered live and as one burst a minute after its end")
+    for r in (live, burst):
+        mean, mae = r.errors.get("all", (float("nan"), float("nan")))
+        print(
+            f"  {r.label:<38} requests joined {r.span_obs}, steps joined {r.summary_obs}; "
+            f"step time vs truth {mean * 100:+.2f}%/{mae * 100:.2f}%, "
+            f"alpha0 {r.alpha0_err * 100:+.2f}%   ({r.wall_s:.0f} s wall)"
+        )
+    gap = abs(live.errors["all"][1] - burst.errors["all"][1]) * 100
+    a0_gap = abs(live.alpha0_err - burst.alpha0_err) * 100
+    ok = gap <= 0.2 and a0_gap <= 1.0 and late == 0
+    print(
+        f"      [{'PASS' if ok else 'FAIL'}] |live - backlog| step-time error {gap:.3f} points "
+        f"(<= 0.2), alpha0 {a0_gap:.2f} points (<= 1), {late} requests late (0)",
+        flush=True,
+    )
+    return ok
 
 
 if __name__ == "__main__":

@@ -48,6 +48,16 @@ class JoinerConfig(BaseModel):
         description="How long (seconds of the emitting process's wall clock) a partial join "
         "waits for its other parts; also the dedupe horizon.",
     )
+    max_lateness_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="How far (seconds of its own wall clock) a span may lag behind the newest "
+        "data of its source and still be joined: a backlog the OTel SDK (~63 s) or the "
+        "Collector's sending queue (5 min) delivers after an outage. Older data is counted as "
+        "late (coeffd_join_outcomes_total), not joined. Each source's window follows its own "
+        "data, so a whole backlog delivered in one burst is joined as if live; an idle "
+        "source is finished by the receiver's clock. Taken as window_s when smaller.",
+    )
     max_requests: int = Field(
         default=100_000, gt=0, description="Max requests held (in flight + tombstones)."
     )

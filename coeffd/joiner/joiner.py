@@ -8,6 +8,15 @@ log line per window summary.
 Bounded: every partial join lives at most ``window_s`` of its emitting process's wall
 clock (a watermark per source: the max ``wall_ns`` seen from it) and at most the
 configured number of entries; what expires is dropped and counted by reason.
+
+Each source's watermark moves with that source's own data only, so a backlog (the OTel
+SDK's retries, the Collector's sending queue after an outage, a replica's held streams)
+is joined as it would have been live, however long after the fact it arrives. The
+receiver's clock (:meth:`Joiner.tick`) only finishes sources that fell idle: from the
+first tick after a source's data last advanced, its clock runs on with the receiver's,
+so what an idle source still holds completes ``window_s`` later, as before; its data
+watermark is untouched, so a backlog it sends later is not late. A span more than
+``max_lateness_s`` behind its source's newest data is counted as ``late``, not joined.
 """
 
 from __future__ import annotations
@@ -85,10 +94,15 @@ class Joiner:
         else:
             self.metrics = JoinerMetrics(metrics)
         self._window_ns = int(self.cfg.window_s * 1e9)
+        self._lateness_ns = int(max(self.cfg.max_lateness_s, self.cfg.window_s) * 1e9)
         self._wait_delay_ns = int(min(self.cfg.loop_wait_delay_s, 0.9 * self.cfg.window_s) * 1e9)
         self._tol_ns = self.cfg.same_host_tolerance_us * 1e3
         self._engines: dict[str, EngineState] = {}
         self._wm: dict[str, int] = {}  # watermark (max wall ns) per source id
+        # Live ticks: per source, (its watermark, the receiver's clock at the first tick
+        # that saw it): while the watermark stays, the source is idle since that tick.
+        self._heard: dict[str, tuple[int, int]] = {}
+        self._now: int | None = None  # the receiver's clock at the last live tick
         self._max_wall = 0
         self._last_sweep = 0
         self._last_log = 0
@@ -158,10 +172,14 @@ class Joiner:
         return self._take()
 
     def tick(self, now_wall_ns: int | None = None) -> list[Observation]:
-        """Finalize what is due. ``now_wall_ns`` (the data's wall clock, e.g.
-        ``time.time_ns()`` when live) also advances every source's watermark, so an
-        idle engine's last steps and requests still complete."""
+        """Finalize what is due. ``now_wall_ns`` (the receiver's wall clock, e.g.
+        ``time.time_ns()`` when live) finishes idle sources: one whose data has not
+        advanced since an earlier tick is taken to have run on with this clock, so an
+        idle engine's last steps and requests still complete. A source whose data
+        advanced since the last tick keeps its own data's clock (a backlog)."""
         self._boundary()
+        if now_wall_ns is not None:
+            self._advance_clock(now_wall_ns)
         self._sweep(now_wall_ns)
         return self._take()
 
@@ -233,7 +251,44 @@ class Joiner:
         return eng
 
     def _late(self, source: Source, wall_ns: int) -> bool:
-        return wall_ns < self._wm.get(source.id, 0) - self._window_ns
+        """Too far behind its source's own data to be joined (``max_lateness_s``)."""
+        return wall_ns < self._wm.get(source.id, 0) - self._lateness_ns
+
+    def _advance_clock(self, now: int) -> None:
+        """Note, per source, the first tick that saw its current watermark; forget
+        sources idle for ``max_lateness_s`` that hold nothing (memory follows the sources
+        that still send)."""
+        self._now = now
+        heard = self._heard
+        for sid, wm in self._wm.items():
+            h = heard.get(sid)
+            if h is None or h[0] != wm:
+                heard[sid] = (wm, now)
+        if len(heard) > len(self._engines) + 64:
+            for sid in [
+                sid
+                for sid, (_, t) in heard.items()
+                if t < now - self._lateness_ns and sid not in self._engines
+            ]:
+                del heard[sid]
+                self._wm.pop(sid, None)
+
+    def _clock(self, sid: str) -> int:
+        """A source's clock for finishing its partial joins: its data's watermark, run
+        on with the receiver's clock since the tick that last found it advanced."""
+        wm = self._wm.get(sid, 0)
+        now = self._now
+        if now is None:
+            return wm
+        h = self._heard.get(sid)
+        if h is None or h[0] != wm or now <= h[1]:
+            return wm
+        return wm + (now - h[1])
+
+    def _forget_at(self, wall_ns: int) -> int:
+        """When a tombstone made now may go: a window after ``wall_ns`` and at least a
+        window of the newest data (a backlog's redeliveries come on the fleet's time)."""
+        return max(wall_ns, self._max_wall) + self._window_ns
 
     def _take(self) -> list[Observation]:
         """Hand out the observations built so far (and count steps shed meanwhile)."""
@@ -386,7 +441,7 @@ class Joiner:
         if skey in self._done:
             self.metrics.outcome("step", "duplicate", "step_span")
             return
-        self._done[skey] = si.end_wall_ns + self._window_ns
+        self._done[skey] = self._forget_at(si.end_wall_ns)
         if r.range_end is not None and si.dropped_events == 0:
             # only a span that lost no events proves that its range's summaries are all here
             self._pending_cov.append((eng, r.range_start, r.range_end))
@@ -438,14 +493,14 @@ class Joiner:
                 old = next(iter(self._kv_open))
                 del self._kv_open[old]
                 self.metrics.outcome("kv_transfer", "expired", "capacity")
-            self._kv_done[dkey] = b.wall_ns + self._window_ns
+            self._kv_done[dkey] = self._forget_at(b.wall_ns)
             early = self._kv_early.pop(key, None)
             if early is not None:
                 self._pair_kv(t, early)
                 return
             self._kv_open[key] = t
             return
-        self._kv_done[dkey] = b.wall_ns + self._window_ns
+        self._kv_done[dkey] = self._forget_at(b.wall_ns)
         init = self._kv_open.pop(key, None)
         if init is None:
             # completion first (out-of-order delivery): wait for the initiation
@@ -466,7 +521,12 @@ class Joiner:
         if len(self._requests) >= self.cfg.max_requests:
             old = next(iter(self._requests))
             self._expire_request(old, reason="capacity")
-        entry = RequestEntry(key=key, deadline_wall=wall_ns + self._window_ns)
+        # a span behind its source's newest data by more than the window (yet within
+        # max_lateness_s) gets a window of the source's time to meet its other parts
+        entry = RequestEntry(
+            key=key,
+            deadline_wall=max(wall_ns, self._wm.get(clock, 0) - self._window_ns) + self._window_ns,
+        )
         self._requests[key] = entry
         heapq.heappush(self._req_heap, (entry.deadline_wall, key, clock))
         return entry
@@ -539,7 +599,7 @@ class Joiner:
             if core.span is not None:
                 self._ready_keys.discard((core.span.span.source.id, entry.key))
         self._cur = None  # later events of its spans are redeliveries
-        forget = entry.deadline_wall + self._window_ns
+        forget = self._forget_at(entry.deadline_wall)
         self._done[entry.key] = forget
         tid = entry.key[0]
         for sid in entry.cores:
@@ -671,33 +731,38 @@ class Joiner:
 
     def _sweep(self, now: int | None) -> None:
         """Finalize due steps and requests, expire state, enforce caps."""
-        if now is not None:
-            for sid in self._wm:
-                if now > self._wm[sid]:
-                    self._wm[sid] = now
-            if now > self._max_wall:
-                self._max_wall = now
+        if now is not None and now > self._max_wall:
+            self._max_wall = now
         self._last_sweep = self._max_wall
+        live = self._now is not None
         gone: list[str] = []
         for eng in list(self._engines.values()):
-            wm = max(eng.watermark, self._wm.get(eng.source.id, 0))
-            if now is not None and now > wm:
-                wm = now
-            eng.see(wm)
+            sid = eng.source.id
+            eng.see(self._wm.get(sid, 0))  # its data's watermark, never the clock's
+            wm = max(eng.watermark, self._clock(sid))
             for n in eng.due(wm):
                 self._finalize_step(eng, n)
             for item in eng.due_loop_waits(wm):
                 self._emit_loop_wait(eng, item)
             eng.expire(wm)
-            self._wait_wm[eng.source.id] = wm
-            if eng.silent(wm) or eng.touched < self._max_wall - 2 * self._window_ns:
-                gone.append(eng.source.id)
+            self._wait_wm[sid] = wm
+            # replay (no receiver clock): an engine two windows behind the fleet's data
+            # is gone; live, its own clock finishes it (the fleet's would make a backlog
+            # of one engine behind the others stale), and what it learned of itself
+            # (anchor calibration, loop mode) is kept for max_lateness_s, for the backlog
+            # an idle engine may still send
+            if (
+                eng.silent(wm - self._lateness_ns + self._window_ns)
+                if live
+                else eng.silent(wm) or eng.touched < self._max_wall - 2 * self._window_ns
+            ):
+                gone.append(sid)
             for _ in eng.enforce_caps():
                 self.metrics.outcome("step", "expired", "capacity")
         heap = self._req_heap
         while heap:
             deadline, key, clock = heap[0]
-            if deadline > self._wm.get(clock, 0):
+            if deadline > self._clock(clock):
                 break
             heapq.heappop(heap)
             entry = self._requests.get(key)
@@ -743,7 +808,9 @@ class Joiner:
         e = self._engines.get(sid)
         if e is None:
             return
-        if not e.silent(e.watermark):
+        if self._now is not None:
+            pass  # live: the sweep found it silent for max_lateness_s of its own clock
+        elif not e.silent(e.watermark):
             if e.touched >= self._max_wall - 2 * self._window_ns:
                 return
             self._finish_engine(e)
@@ -776,7 +843,7 @@ class Joiner:
         drop = []
         for k, t in d.items():
             b = t.batch
-            if b.wall_ns >= self._wm.get(b.source.id, 0) - self._window_ns:
+            if b.wall_ns >= self._clock(b.source.id) - self._window_ns:
                 break
             drop.append(k)
         while len(d) - len(drop) > self.cfg.max_kv_transfers:

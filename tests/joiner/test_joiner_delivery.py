@@ -258,13 +258,15 @@ def test_push_one_by_one_equals_push_many() -> None:
 
 
 def test_tick_with_wall_clock_finalizes_an_idle_engine() -> None:
-    """No more data arrives: a live tick(now) completes what the window was holding."""
+    """No more data arrives: a live tick(now) completes what the window was holding
+    (the source idle since the tick that last saw its data advance)."""
     batches, _ = generate(SynthConfig(duration_s=4, rate_per_s=20, step_rate=0.5, seed=32))
     j = Joiner(JoinerConfig(window_s=5))
     got = []
     for _, recs in batches:
         got += j.push_many(recs)
     last_wall = max(t for t, _ in batches)
+    got += j.tick(last_wall)  # the data arrived by now
     got += j.tick(last_wall + 60 * S_NS)
     assert any(isinstance(o, StepObservation) for o in got)
     assert j.flush() == []  # nothing was left waiting
