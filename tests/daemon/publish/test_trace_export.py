@@ -332,3 +332,17 @@ def test_blis_replays_and_calibrates_the_pair(
         m = doc["metrics"][metric]
         assert m["count"] > 100 and m["request_level"]["mape"] >= 0
         assert m["workload_level"]["real_mean"] > 0 and m["workload_level"]["sim_mean"] > 0
+
+
+def test_the_endpoint_answers_bad_queries_with_400(
+    fleet: tuple[LearningConsumer, Any, Path], server: str
+) -> None:
+    import urllib.error
+    import urllib.request
+
+    cid = _config(fleet)
+    for query in (f"{cid}?since=-1", f"{cid}?since=nan", "..%2Fetc?since=5"):
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(f"{server}/v1/requests/{query}", timeout=10)
+        assert exc.value.code == 400
+        assert json.loads(exc.value.read())["error"]["status"] == 400
