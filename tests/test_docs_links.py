@@ -157,13 +157,7 @@ def problems(path: Path) -> list[str]:
 #: Broken pointers in helm/, which another change is editing (issue 33, item 10): named here
 #: (path, what, without line numbers) until the chart's files are fixed; each must still be
 #: found, so a fixed one fails the test until it is removed from this list.
-HELM_PENDING = {
-    "helm/coeffd/values.yaml: cites a specification outside the repository: # What "
-    '"coeffd.vllmArgs" / "coeffd.vllmEnv" add to the vLLM container (spec §0, ',
-    "helm/coeffd/values.yaml: cites a specification outside the repository: # Raise the "
-    "SDK's 128-events-per-span limit when sampling steps densely (spec §1",
-    'helm/coeffd/values.yaml: no section "Sampling rates" in helm/coeffd/README.md',
-}
+HELM_PENDING: set[str] = set()
 
 
 def test_every_pointer_resolves_inside_the_repository() -> None:
