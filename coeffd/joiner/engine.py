@@ -1,5 +1,8 @@
 """Per-EngineCore join state: the window's indexes and what becomes of each step.
 
+Length: one engine's indexes and the step decisions that read them all; split, each half
+would reach into the other's indexes.
+
 Everything here is keyed by step id *of one engine* (one ``Source.id``): step ids
 collide across engines and restart with the engine, so nothing is ever keyed globally.
 All times compared here are that engine's ``CLOCK_MONOTONIC`` (``step.ts_*_ns`` and

@@ -1,5 +1,9 @@
 """The sliding-window joiner: event records in, training observations out.
 
+Length: the one entry point whose routing, window bounds, lateness and outcome counts
+must be read together (each record kind is one short method; the state lives in
+:mod:`.engine` and :mod:`.requests`).
+
 Single-threaded by design: the daemon's one pipeline consumer calls :meth:`Joiner.push`
 (or :meth:`Joiner.push_many`) for every record, :meth:`Joiner.tick` on a timer, and
 :meth:`Joiner.flush` at shutdown. Nothing here blocks or does I/O except one structured

@@ -1,5 +1,8 @@
 """coeffd pull: fetch learned coefficients from a running coeffd for a BLIS run.
 
+Length: one command with several answer forms (id, description, defaults.yaml, offline)
+that share their argument checks and error texts.
+
   coeffd pull [--server http://127.0.0.1:9464] [--config ID] --format flags|yaml|json|blis-args
   coeffd pull --defaults path/to/defaults.yaml [--dry-run] [--backup] [--format blis-args]
 

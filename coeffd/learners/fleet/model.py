@@ -1,5 +1,8 @@
 """The fleet model: one α/β for every configuration, and coefficients for unseen ones.
 
+Length: one estimator (fit, candidates, LOCO, choice) whose parts read the same stacked
+statistics.
+
 BLIS ships one ``trained_physics_coefficients`` block for every model, GPU and TP: its
 basis carries the physics (FLOPs over peak FLOP/s, bytes over bandwidth, ring factors),
 so one vector can serve all configurations. coeffd learns one vector per configuration;
