@@ -346,3 +346,34 @@ def test_the_endpoint_answers_bad_queries_with_400(
             urllib.request.urlopen(f"{server}/v1/requests/{query}", timeout=10)
         assert exc.value.code == 400
         assert json.loads(exc.value.read())["error"]["status"] == 400
+
+
+def test_coeffd_serve_mounts_the_endpoint_and_bounds_the_ring(tmp_path: Path) -> None:
+    import urllib.error
+    import urllib.request
+
+    from coeffd.daemon.assemble import build_app
+
+    settings = load_settings(
+        overrides={
+            "http": {"endpoint": "127.0.0.1:0"},
+            "receivers": {
+                "otlp_grpc": {"endpoint": "127.0.0.1:0"},
+                "otlp_http": {"enabled": False},
+            },
+            "publish": {"snapshot_dir": str(tmp_path / "s")},
+            "state": {"state_dir": ""},
+            "trace": {"max_requests": 7, "max_age_seconds": 60},
+        },
+        environ={},
+    )
+    app = build_app(settings, live=False)
+    app.start()
+    try:
+        ring = app.consumer.requests  # type: ignore[attr-defined]
+        assert (ring.max_requests, ring.max_age_us) == (7, 60_000_000)
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(f"http://127.0.0.1:{app.http_port}/v1/requests/abc", timeout=10)
+        assert exc.value.code == 404 and b"no requests seen" in exc.value.read()
+    finally:
+        app.stop()
