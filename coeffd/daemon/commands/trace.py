@@ -10,7 +10,10 @@ BLIS then judges the pulled coefficients on your own traffic::
 
 The daemon keeps each configuration's newest finished requests (``[trace]`` settings:
 ``max_requests``, ``max_age_seconds``); aborted requests are written with status
-``error`` and ones that never finished with ``incomplete``. The trace carries no prefix
+``error`` and ones that never finished with ``incomplete``. A request whose API and
+engine spans never joined (refused before it reached the engine, or served on another
+host) has no measured times and is not in the trace: ``coeffd_join_outcomes_total
+{observation="request", outcome="expired"|"rejected"}`` counts those. The trace carries no prefix
 groups (coeffd sees token counts, not tokens): BLIS replays every prompt as unique, so on
 prefix-cache workloads its TTFT is too long where the real server hit its cache.
 """
