@@ -270,6 +270,100 @@ class LiveSender(Sender):
             yield mono0 + (due - wall0) / 1e9, body, self.rec.events[i]
 
 
+def _launcher(tree: Path) -> list[str]:
+    """A command running ``coeffd`` from ``tree`` (the editable install's finder, which
+    would pick this work tree, dropped)."""
+    code = (
+        "import sys; sys.meta_path[:] = [f for f in sys.meta_path"
+        " if 'editable' not in repr(f).lower()]; "
+        f"sys.path.insert(0, {str(tree)!r}); sys.argv[0] = 'coeffd'; "
+        "from coeffd.daemon.cli import main; sys.exit(main())"
+    )
+    return [sys.executable, "-c", code]
+
+
+def old_http_tree(tmp: Path, rev: str | None = None) -> tuple[Path, str]:
+    """The coeffd package of ``rev`` (default: the last commit served by the stdlib
+    ``ThreadingHTTPServer``) extracted under ``tmp``; (its root, the commit)."""
+    if rev is None:
+        changed = subprocess.run(
+            ["git", "log", "--format=%H", "-S", "ThreadingHTTPServer", "--", "coeffd/base/http.py"],
+            cwd=ROOT, capture_output=True, text=True, check=True,
+        ).stdout.split()  # fmt: skip
+        rev = f"{changed[0]}~1"
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    root = tmp / f"tree-{commit}"
+    root.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(
+        ["git", "archive", commit, "coeffd"], cwd=ROOT, capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
+    return root, commit
+
+
+def http_blast(port: int, bodies: list[tuple[bytes, int]], seconds: float, conns: int = 4) -> str:
+    """Closed-loop OTLP/HTTP: ``conns`` keep-alive connections post ``bodies`` (protobuf,
+    events each) round-robin for ``seconds``; events/s acknowledged (200), and pushbacks."""
+    import http.client
+
+    acked = [0] * conns
+    pushed = [0] * conns
+    stop = time.monotonic() + seconds
+    headers = {"Content-Type": "application/x-protobuf"}
+
+    def run(i: int) -> None:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        j = i
+        while time.monotonic() < stop:
+            body, events = bodies[j % len(bodies)]
+            j += conns
+            c.request("POST", "/v1/traces", body=body, headers=headers)
+            r = c.getresponse()
+            r.read()
+            if r.status == 200:
+                acked[i] += events
+            else:
+                pushed[i] += 1
+        c.close()
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(conns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rate = sum(acked) / (time.monotonic() - t0)
+    return f"{rate:,.0f} events/s acknowledged, {sum(pushed)} pushed back"
+
+
+def http_compare(tmp: Path, rec: Recording, seconds: float, rounds: int, rev: str | None) -> int:
+    """OTLP/HTTP ingest throughput (counting consumer) of this tree and of the old
+    stdlib-server commit, alternated ``rounds`` times in this run."""
+    tree, commit = old_http_tree(tmp, rev)
+    bodies = [(r.SerializeToString(), n) for r, n in zip(rec.requests, rec.events, strict=True)]
+    print(
+        f"\nOTLP/HTTP ingest (counting consumer), closed loop, 4 keep-alive connections, "
+        f"{seconds:.0f} s each; this tree vs {commit} (stdlib ThreadingHTTPServer)"
+    )
+    rates: dict[str, list[float]] = {"this tree": [], commit: []}
+    for k in range(rounds):
+        for name, t in (("this tree", None), (commit, tree)):
+            d = DaemonProc(
+                tmp / f"http-{k}-{name.split()[0]}", "--set", "pipeline.consumer=counting", tree=t
+            )
+            try:
+                line = http_blast(d.ports["otlp_http"], bodies, seconds)
+                rates[name].append(float(line.split()[0].replace(",", "")))
+                print(f"  round {k + 1} {name:>10s}: {line}; daemon peak RSS {d.hwm_mb():.0f} MB")
+            finally:
+                d.stop()
+    new, old = (sum(v) / len(v) for v in rates.values())
+    print(f"  mean: this tree {new:,.0f} events/s = {new / old:.2f}x {commit}'s {old:,.0f}")
+    return _verdict([("OTLP/HTTP throughput ≥ the stdlib server's (same run)", new >= old)])
+
+
 def _pin(core: int) -> None:
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
         os.sched_setaffinity(0, {core})
@@ -278,9 +372,11 @@ def _pin(core: int) -> None:
 class DaemonProc:
     """``python -m coeffd serve`` pinned to one core, JSON logs parsed for its ports."""
 
-    def __init__(self, tmp: Path, *settings: str) -> None:
+    def __init__(self, tmp: Path, *settings: str, tree: Path | None = None) -> None:
+        # tree: run the coeffd package found there (another commit's), not this one
+        launcher = [sys.executable, "-m", "coeffd"] if tree is None else _launcher(tree)
         cmd = [
-            sys.executable, "-m", "coeffd", "serve", "--log-format", "json", "--log-level", "info",
+            *launcher, "serve", "--log-format", "json", "--log-level", "info",
             "--http-endpoint", "127.0.0.1:0", "--otlp-grpc-endpoint", "127.0.0.1:0",
             "--otlp-http-endpoint", "127.0.0.1:0", "--snapshot-dir", str(tmp / "snapshots"),
             "--state-dir", str(tmp / "state"), *settings,
@@ -469,10 +565,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--quick", action="store_true", help="fewer levels, shorter recording")
     p.add_argument(
         "--part",
-        choices=("all", "rate", "rss"),
+        choices=("all", "rate", "rss", "http"),
         default="all",
-        help="rate: throughput and freshness only; rss: the 100-configuration RSS only",
+        help="rate: throughput and freshness only; rss: the 100-configuration RSS only; "
+        "http: OTLP/HTTP ingest of this tree vs the stdlib-server commit (--base)",
     )
+    p.add_argument("--base", default=None, help="--part http: the commit to compare with")
+    p.add_argument("--rounds", type=int, default=2, help="--part http: alternations")
     args = p.parse_args(argv)
     levels = [10e3, 20e3, 40e3, 60e3, 80e3, 100e3, 120e3, 135e3, 150e3, 175e3, 200e3, 250e3, 300e3]
     coarse = [20e3, 40e3, 60e3, 70e3, 80e3, 90e3, 100e3, 120e3, 150e3, 175e3, 200e3]
@@ -483,6 +582,11 @@ def main(argv: list[str]) -> int:
     rec = record("fleet", 20 if args.quick else 60, 7, RATES)
     print(f"  {len(rec.requests)} export requests, {rec.total:,} events per round")
     tmp = Path(tempfile.mkdtemp(prefix="coeffd-bench-"))
+    if args.part == "http":
+        try:
+            return http_compare(tmp, rec, args.seconds, args.rounds, args.base)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     fast = ("--set", "pipeline.tick_interval_seconds=0.25", "--set", "publish.interval_seconds=0.5")
     results: dict[str, float] = {}
     verdicts: list[tuple[str, bool]] = []

@@ -157,6 +157,7 @@ class _Protocol(RequestHandler):
     def __init__(self, owner: HttpServer, manager: _Manager, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._owner = owner
+        self.lane = manager
 
     def handle_error(
         self,
@@ -192,16 +193,44 @@ class _Manager(web.Server):
     def __call__(self) -> RequestHandler:
         return _Protocol(self.owner, self, loop=self._loop, **self._kwargs)
 
+    def count(self) -> int:
+        """Open connections of this loop."""
+        return len(self._connections)
+
+    def oldest_waiting(self) -> tuple[float, RequestHandler] | None:
+        """(since, connection) of the connection waiting longest here (any thread)."""
+        items = list(self.waiting.items())  # one C call: atomic under the GIL
+        if not items:
+            return None
+        handler, since = min(items, key=lambda kv: kv[1])
+        return since, handler
+
+    def cut(self, handler: RequestHandler) -> None:
+        """Close ``handler``'s connection (from any thread)."""
+        if self.waiting.pop(handler, None) is None:
+            return
+        transport = self._connections.get(handler)
+
+        def close() -> None:
+            handler.force_close()
+            if transport is not None:
+                transport.abort()
+
+        try:
+            if asyncio.get_running_loop() is self._loop:
+                close()
+                return
+        except RuntimeError:
+            pass
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(close)
+
     def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
         cap = self.owner.max_connections
-        if cap and len(self._connections) >= cap:
-            if self.waiting:
-                victim = min(self.waiting, key=self.waiting.__getitem__)
-                del self.waiting[victim]
-                victim.force_close()
-                victim_transport = self._connections.get(victim)
-                if victim_transport is not None:
-                    victim_transport.abort()
+        if cap and self.owner.connections() >= cap:
+            victim = self.owner.longest_waiting()
+            if victim is not None:
+                victim[0].cut(victim[1])
                 self.owner.refused(503, "idle connection cut for a new one", _peer(transport))
             else:
                 with contextlib.suppress(Exception):
@@ -234,8 +263,9 @@ class _TlsAccept(asyncio.Protocol):
     """A plain TCP connection until its TLS handshake is done (with a deadline, counted
     when it fails); then the HTTP protocol's, to which it forwards what arrives."""
 
-    def __init__(self, owner: HttpServer) -> None:
+    def __init__(self, owner: HttpServer, manager: _Manager) -> None:
         self.owner = owner
+        self.manager = manager
         self.inner: RequestHandler | None = None
         self.raw: asyncio.Transport | None = None
         # what arrives between the handshake's end and the HTTP protocol's start
@@ -272,10 +302,10 @@ class _TlsAccept(asyncio.Protocol):
             return
         finally:
             owner.handshake_done(self)
-        if tls is None or tls.is_closing() or owner.manager is None:
+        if tls is None or tls.is_closing():
             raw.abort()
             return
-        inner = owner.manager()
+        inner = self.manager()
         inner.connection_made(tls)
         self.inner = inner
         for data in self.early:
@@ -339,6 +369,16 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+@dataclass
+class _Lane:
+    """One event loop serving the socket: its thread, its connections."""
+
+    loop: asyncio.AbstractEventLoop | None = None
+    thread: threading.Thread | None = None
+    manager: _Manager | None = None
+    reaper: asyncio.Task[None] | None = None
+
+
 class HttpServer:
     """A router served on ``host:port`` by a background thread (``port=0``: free port)."""
 
@@ -359,6 +399,7 @@ class HttpServer:
         handshake_timeout: float = TLS_HANDSHAKE_TIMEOUT,
         inline_handlers: bool = False,
         handler_threads: int = 8,
+        loops: int = 1,
     ) -> None:
         """``on_refused(status, reason, client)`` is told about requests refused before
         routing (oversize or malformed bodies, 503 past ``max_connections``), so receivers
@@ -368,7 +409,9 @@ class HttpServer:
         ``ssl_context``: serve HTTPS (each handshake within ``handshake_timeout``);
         ``gate``: token / client-certificate rule per path. ``inline_handlers``: run the
         handlers on the serving loop (they must never block), else on
-        ``handler_threads`` threads."""
+        ``handler_threads`` threads. ``loops``: event loops (threads) accepting on the
+        socket, so that one connection's I/O waits on the GIL while another's handler
+        runs, as thread-per-connection servers do."""
         self.router = router or Router()
         self.name = name
         self.max_body_bytes = max_body_bytes
@@ -383,13 +426,11 @@ class HttpServer:
         self._threads = handler_threads
         self._sock = _bind(host, port)
         self._port = int(self._sock.getsockname()[1])
-        self.manager: _Manager | None = None
         self.stopping = False
-        self._pending: dict[_TlsAccept, float] = {}
+        self._lanes = [_Lane() for _ in range(max(1, loops))]
+        self._pending: dict[_TlsAccept, tuple[float, asyncio.AbstractEventLoop]] = {}
+        self._pending_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
-        self._reaper_task: asyncio.Task[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
@@ -399,27 +440,49 @@ class HttpServer:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Start serving in a daemon thread (returns once the socket is served)."""
-        started = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, args=(started,), name=f"coeffd-{self.name}", daemon=True
-        )
-        self._thread.start()
-        started.wait(10.0)
-
-    def _run(self, started: threading.Event) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
+        """Start serving: one daemon thread per loop (returns once the socket is served)."""
         if self._pool is None and not self.inline_handlers:
             self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix=f"coeffd-{self.name}")
+        for i, lane in enumerate(self._lanes):
+            if lane.thread is not None and lane.thread.is_alive():
+                continue
+            started = threading.Event()
+            suffix = f"-{i}" if len(self._lanes) > 1 else ""
+            lane.thread = threading.Thread(
+                target=self._run,
+                args=(lane, started),
+                name=f"coeffd-{self.name}{suffix}",
+                daemon=True,
+            )
+            lane.thread.start()
+            started.wait(10.0)
+
+    def longest_waiting(self) -> tuple[_Manager, RequestHandler] | None:
+        """The connection waiting longest for its request over every loop."""
+        best: tuple[float, _Manager, RequestHandler] | None = None
+        for lane in self._lanes:
+            if lane.manager is None:
+                continue
+            got = lane.manager.oldest_waiting()
+            if got is not None and (best is None or got[0] < best[0]):
+                best = (got[0], lane.manager, got[1])
+        return None if best is None else (best[1], best[2])
+
+    def connections(self) -> int:
+        """Open connections over every loop (the cap's count)."""
+        return sum(lane.manager.count() for lane in self._lanes if lane.manager is not None)
+
+    def _run(self, lane: _Lane, started: threading.Event) -> None:
+        loop = asyncio.new_event_loop()
+        lane.loop = loop
         try:
-            server = loop.run_until_complete(self._serve())
+            server = loop.run_until_complete(self._serve(lane))
             started.set()
             loop.run_forever()
             server.close()
-            if self.manager is not None:
-                self.manager.pre_shutdown()
-            for pending in list(self._pending):
+            if lane.manager is not None:
+                lane.manager.pre_shutdown()
+            for pending in self._pending_of(loop):
                 pending.abort()
             loop.run_until_complete(asyncio.sleep(0))
             tasks = asyncio.all_tasks(loop)
@@ -431,10 +494,10 @@ class HttpServer:
             started.set()
             loop.close()
 
-    async def _serve(self) -> asyncio.AbstractServer:
+    async def _serve(self, lane: _Lane) -> asyncio.AbstractServer:
         loop = asyncio.get_running_loop()
         keepalive = self.idle_timeout if self.idle_timeout is not None else 3630.0
-        self.manager = _Manager(
+        manager = lane.manager = _Manager(
             self,
             loop=loop,
             keepalive_timeout=keepalive,
@@ -443,54 +506,67 @@ class HttpServer:
             lingering_time=DRAIN_SECONDS,
             access_log=None,
         )
-        manager = self.manager
 
         def factory() -> asyncio.BaseProtocol:
-            return _TlsAccept(self) if self.ssl_context is not None else manager()
+            return _TlsAccept(self, manager) if self.ssl_context is not None else manager()
 
-        server = await loop.create_server(factory, sock=self._sock, backlog=1024)
-        self._reaper_task = loop.create_task(self._reaper())
+        # Every loop accepts on the same listening socket (the kernel hands each new
+        # connection to one of them).
+        server = await loop.create_server(factory, sock=self._sock.dup(), backlog=1024)
+        lane.reaper = loop.create_task(self._reaper(manager))
         return server
 
-    async def _reaper(self) -> None:
+    async def _reaper(self, manager: _Manager) -> None:
         while True:
             await asyncio.sleep(REAP_INTERVAL)
-            if self.idle_timeout is not None and self.manager is not None:
-                self.manager.reap(time.monotonic() - self.idle_timeout)
+            if self.idle_timeout is not None:
+                manager.reap(time.monotonic() - self.idle_timeout)
 
     def handshake_started(self, conn: _TlsAccept) -> None:
-        """A TLS handshake began; past the cap of pending ones the oldest is cut."""
-        self._pending[conn] = time.monotonic()
-        cap = max(1, self.max_connections) * PENDING_HANDSHAKES_PER_SLOT
-        if len(self._pending) > cap:
-            oldest = min(self._pending, key=self._pending.__getitem__)
-            del self._pending[oldest]
+        """A TLS handshake began; past the cap of pending ones the oldest of this
+        loop's is cut."""
+        loop = asyncio.get_running_loop()
+        with self._pending_lock:
+            self._pending[conn] = (time.monotonic(), loop)
+            cap = max(1, self.max_connections) * PENDING_HANDSHAKES_PER_SLOT
+            oldest = None
+            if len(self._pending) > cap:
+                mine = [c for c, (_, lp) in self._pending.items() if lp is loop]
+                oldest = min(mine, key=lambda c: self._pending[c][0])
+                del self._pending[oldest]
+        if oldest is not None:
             oldest.abort()
 
     def handshake_done(self, conn: _TlsAccept) -> None:
         """The handshake of ``conn`` ended (either way)."""
-        self._pending.pop(conn, None)
+        with self._pending_lock:
+            self._pending.pop(conn, None)
+
+    def _pending_of(self, loop: asyncio.AbstractEventLoop) -> list[_TlsAccept]:
+        with self._pending_lock:
+            return [c for c, (_, lp) in self._pending.items() if lp is loop]
 
     @property
     def alive(self) -> bool:
-        """Whether the serving thread runs."""
-        return self._thread is not None and self._thread.is_alive()
+        """Whether every serving thread runs."""
+        return all(lane.thread is not None and lane.thread.is_alive() for lane in self._lanes)
 
     def restart(self) -> None:
-        """Serve again from a new thread after the old one died (supervision)."""
-        if self._thread is None or self._thread.is_alive():
+        """Serve again from new threads after one died (supervision)."""
+        if self.alive or self.stopping:
             return
         self.start()
 
     def stop(self) -> None:
         """Stop accepting, close the connections and the socket."""
         self.stopping = True
-        loop, thread = self._loop, self._thread
-        if loop is not None and thread is not None and thread.is_alive():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout=5)
-        self._thread = None
+        for lane in self._lanes:
+            loop, thread = lane.loop, lane.thread
+            if loop is not None and thread is not None and thread.is_alive():
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(loop.stop)
+                thread.join(timeout=5)
+            lane.thread = None
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
@@ -520,8 +596,8 @@ class HttpServer:
 
     async def dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
         """aiohttp's request handler: gate, route, bounded body, handler."""
-        manager = self.manager
         proto = request.protocol
+        manager = proto.lane if isinstance(proto, _Protocol) else None
         url = urllib.parse.urlsplit(request.raw_path)
         path = url.path
         client = request.remote or ""

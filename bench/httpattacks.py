@@ -1,0 +1,233 @@
+"""Issue 32's attacks on the HTTP listeners of a real ``coeffd serve`` (TLS on the API and
+OTLP/HTTP, mTLS on OTLP/HTTP, chart-sized limits), each while a kubelet-like prober asks
+``GET /healthz`` over a new HTTPS connection every 50 ms:
+
+1. negative chunk size: 4 connections send ``-1`` then stream junk (the old server read
+   it all: 400 MiB → RSS 922 MB, four in parallel 3 GB);
+2. tiny chunks: 2 connections send bodies of 2-byte chunks under the body limit (the old
+   server kept one object per chunk: 30 MiB → 2.2 GB);
+3. TLS handshake slots: 300 TCP connections to each HTTPS port that never send a
+   ClientHello (the old server gave each a slot: 28 of 29 probes got 503), then an
+   export with a client certificate;
+4. KV forged sequence number: not here (its fix and attack belong to the KV receiver).
+
+Printed per attack: what the attacker got, the daemon's peak RSS (``VmHWM``) against the
+chart's ``resources.limits.memory``, and the probes' p99 / failures. Targets: peak RSS
+within the limit, ``/healthz`` p99 ≤ 50 ms, no failed probe.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import ssl
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.serve import ROOT, DaemonProc
+
+CHART_LIMIT_MB = 1536.0  # helm/coeffd/values.yaml resources.limits.memory
+P99_TARGET_S = 0.050
+
+
+class Prober:
+    """``GET /healthz`` on a new TLS connection every ``period`` s (as the kubelet does)."""
+
+    def __init__(self, port: int, ca: Path, period: float = 0.05) -> None:
+        self.port, self.period = port, period
+        self.ctx = ssl.create_default_context(cafile=str(ca))
+        self.latencies: list[float] = []
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            t0 = time.perf_counter()
+            try:
+                c = http.client.HTTPSConnection("127.0.0.1", self.port, context=self.ctx, timeout=2)
+                c.request("GET", "/healthz")
+                r = c.getresponse()
+                r.read()
+                c.close()
+                if r.status != 200:
+                    self.failures.append(str(r.status))
+            except (OSError, http.client.HTTPException) as e:
+                self.failures.append(type(e).__name__)
+            self.latencies.append(time.perf_counter() - t0)
+
+    def take(self) -> tuple[float, int, list[str]]:
+        """(p99 seconds, probes, failures) since the last call."""
+        lat, fail = sorted(self.latencies), self.failures
+        self.latencies, self.failures = [], []
+        p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan")
+        return p99, len(lat), fail
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _head(host_port: int, extra: bytes) -> bytes:
+    return (
+        b"POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+        b"Content-Type: application/x-protobuf\r\n" % host_port
+    ) + extra
+
+
+def _tls_socket(port: int, ctx: ssl.SSLContext) -> ssl.SSLSocket:
+    raw = socket.create_connection(("127.0.0.1", port), timeout=30)
+    return ctx.wrap_socket(raw, server_hostname="localhost")
+
+
+def negative_chunk(port: int, ctx: ssl.SSLContext, junk_mb: int = 100) -> str:
+    """Four connections: chunk size -1, then up to ``junk_mb`` MiB of junk each."""
+    outcomes: list[str] = []
+
+    def one() -> None:
+        s = _tls_socket(port, ctx)
+        sent = 0
+        try:
+            s.sendall(_head(port, b"Transfer-Encoding: chunked\r\n\r\n-1\r\n"))
+            junk = b"x" * (1 << 20)
+            for _ in range(junk_mb):
+                s.sendall(junk)
+                sent += 1
+        except OSError:
+            pass
+        try:
+            s.settimeout(5)
+            answer = s.recv(200)
+        except OSError:
+            answer = b""
+        s.close()
+        status = answer.split(b" ", 2)[1].decode() if answer.startswith(b"HTTP/") else "closed"
+        outcomes.append(f"{status} after {sent} MiB")
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return ", ".join(sorted(outcomes))
+
+
+def tiny_chunks(port: int, ctx: ssl.SSLContext, body_mb: int = 8) -> str:
+    """Two connections, ``body_mb`` MiB each in 2-byte chunks (under the body limit)."""
+    outcomes: list[str] = []
+
+    def one() -> None:
+        s = _tls_socket(port, ctx)
+        try:
+            s.sendall(_head(port, b"Transfer-Encoding: chunked\r\n\r\n"))
+            piece = b"2\r\nxx\r\n" * 16384
+            for _ in range(body_mb * (1 << 20) // (2 * 16384)):
+                s.sendall(piece)
+            s.sendall(b"0\r\n\r\n")
+            s.settimeout(30)
+            answer = s.recv(200)
+            status = answer.split(b" ", 2)[1].decode() if answer.startswith(b"HTTP/") else "?"
+        except OSError as e:
+            status = type(e).__name__
+        s.close()
+        outcomes.append(status)
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return f"{body_mb} MiB of 2-byte chunks ×2: answered " + ", ".join(sorted(outcomes))
+
+
+def silent_tls(ports: list[int], n: int, hold_s: float, export: Any) -> str:
+    """``n`` TCP connections per port that never handshake, held ``hold_s``; then
+    ``export()`` (an mTLS OTLP/HTTP request) must still succeed."""
+    held = [socket.create_connection(("127.0.0.1", p)) for p in ports for _ in range(n)]
+    time.sleep(hold_s)
+    status = export()
+    for s in held:
+        s.close()
+    return f"{len(held)} silent connections held {hold_s:.0f} s; mTLS export → {status}"
+
+
+def _idle() -> str:
+    time.sleep(3)
+    return "—"
+
+
+def run(tmp: Path) -> int:
+    """Start a TLS daemon, run the attacks, print peak RSS and probe p99 per attack."""
+    sys.path.insert(0, str(ROOT / "tests" / "receivers"))
+    from tls_certs import make_certs  # the tests' certificate factory (cryptography)
+
+    certs = make_certs(tmp / "certs")
+    tls = {"cert_file": certs.server_cert, "key_file": certs.server_key}
+    settings = [f"--set=http.tls.{k}={v}" for k, v in tls.items()]
+    settings += [f"--set=receivers.otlp_http.tls.{k}={v}" for k, v in tls.items()]
+    settings += [
+        f"--set=receivers.otlp_http.tls.client_ca_file={certs.ca}",
+        # the chart's sizes (helm/coeffd/values.yaml)
+        "--set=receivers.otlp_http.max_body_bytes=16777216",
+        "--set=receivers.otlp_http.max_connections=8",
+        "--set=pipeline.consumer=counting",
+    ]
+    d = DaemonProc(tmp / "daemon", *settings)
+    client = ssl.create_default_context(cafile=str(certs.ca))
+    client.load_cert_chain(str(certs.client_cert), str(certs.client_key))
+    api, otlp = d.ports["http"], d.ports["otlp_http"]
+
+    def export() -> str:
+        c = http.client.HTTPSConnection("127.0.0.1", otlp, context=client, timeout=10)
+        try:
+            c.request("POST", "/v1/traces", body=b"", headers={"Content-Type": PROTOBUF})
+            return str(c.getresponse().status)
+        except (OSError, http.client.HTTPException) as e:
+            return type(e).__name__
+        finally:
+            c.close()
+
+    prober = Prober(api, certs.ca)
+    ok = True
+    print(
+        f"\nHTTP attacks on a TLS daemon (API TLS, OTLP/HTTP mTLS, 16 MiB body limit, 8 "
+        f"connections); /healthz probed over HTTPS every 50 ms; chart memory limit "
+        f"{CHART_LIMIT_MB:.0f} MB"
+    )
+    print(f"  {'attack':34s} {'peak RSS MB':>11s} {'p99 ms':>7s} {'probes':>6s}  outcome")
+    try:
+        time.sleep(1.0)
+        attacks = (
+            ("idle (reference)", _idle),
+            ("1 negative chunk size ×4", lambda: negative_chunk(otlp, client)),
+            ("1 negative chunk size on the API", lambda: negative_chunk(api, client, 20)),
+            ("2 tiny chunks", lambda: tiny_chunks(otlp, client)),
+            ("3 never-handshaking connections", lambda: silent_tls([api, otlp], 300, 5, export)),
+        )
+        for name, attack in attacks:
+            outcome = attack()
+            p99, n, failures = prober.take()
+            peak = d.hwm_mb()
+            good = peak <= CHART_LIMIT_MB and p99 <= P99_TARGET_S and not failures
+            ok &= good
+            fails = f"; {len(failures)} probes failed ({', '.join(sorted(set(failures)))})"
+            print(
+                f"  {name:34s} {peak:11.0f} {p99 * 1e3:7.1f} {n:6d}  {outcome}"
+                + (fails if failures else "")
+            )
+        print(f"  after the attacks: mTLS export → {export()}")
+    finally:
+        prober.stop()
+        d.stop()
+    verdict = "met" if ok else "MISSED"
+    print(
+        f"target: peak RSS ≤ {CHART_LIMIT_MB:.0f} MB, /healthz p99 ≤ 50 ms, no failed probe: {verdict}"
+    )
+    return 0 if ok else 1
+
+
+PROTOBUF = "application/x-protobuf"
