@@ -19,6 +19,7 @@ within the limit, ``/healthz`` p99 ≤ 50 ms, no failed probe.
 from __future__ import annotations
 
 import http.client
+import multiprocessing
 import socket
 import ssl
 import sys
@@ -33,43 +34,55 @@ CHART_LIMIT_MB = 1536.0  # helm/coeffd/values.yaml resources.limits.memory
 P99_TARGET_S = 0.050
 
 
+def _probe_loop(port: int, ca: str, period: float, conn: Any, stop: Any) -> None:
+    """The prober's process: probe until ``stop`` is set; on each request on ``conn``
+    send back (latencies, failures) since the last one."""
+    ctx = ssl.create_default_context(cafile=ca)
+    lat: list[float] = []
+    fail: list[str] = []
+    while not stop.is_set():
+        if conn.poll():
+            conn.recv()
+            conn.send((lat, fail))
+            lat, fail = [], []
+        time.sleep(period)
+        t0 = time.perf_counter()
+        try:
+            c = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=2)
+            c.request("GET", "/healthz")
+            r = c.getresponse()
+            r.read()
+            c.close()
+            if r.status != 200:
+                fail.append(str(r.status))
+        except (OSError, http.client.HTTPException) as e:
+            fail.append(type(e).__name__)
+        lat.append(time.perf_counter() - t0)
+
+
 class Prober:
-    """``GET /healthz`` on a new TLS connection every ``period`` s (as the kubelet does)."""
+    """``GET /healthz`` on a new TLS connection every ``period`` s (as the kubelet does),
+    from its own process so that the attacking threads do not slow the probes."""
 
     def __init__(self, port: int, ca: Path, period: float = 0.05) -> None:
-        self.port, self.period = port, period
-        self.ctx = ssl.create_default_context(cafile=str(ca))
-        self.latencies: list[float] = []
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.period):
-            t0 = time.perf_counter()
-            try:
-                c = http.client.HTTPSConnection("127.0.0.1", self.port, context=self.ctx, timeout=2)
-                c.request("GET", "/healthz")
-                r = c.getresponse()
-                r.read()
-                c.close()
-                if r.status != 200:
-                    self.failures.append(str(r.status))
-            except (OSError, http.client.HTTPException) as e:
-                self.failures.append(type(e).__name__)
-            self.latencies.append(time.perf_counter() - t0)
+        self._conn, child = multiprocessing.Pipe()
+        self._stop = multiprocessing.Event()
+        self._proc = multiprocessing.Process(
+            target=_probe_loop, args=(port, str(ca), period, child, self._stop), daemon=True
+        )
+        self._proc.start()
 
     def take(self) -> tuple[float, int, list[str]]:
         """(p99 seconds, probes, failures) since the last call."""
-        lat, fail = sorted(self.latencies), self.failures
-        self.latencies, self.failures = [], []
+        self._conn.send("take")
+        got, failures = self._conn.recv()
+        lat = sorted(got)
         p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan")
-        return p99, len(lat), fail
+        return p99, len(lat), failures
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join()
+        self._proc.join(10)
 
 
 def _head(host_port: int, extra: bytes) -> bytes:
@@ -165,6 +178,7 @@ def run(tmp: Path) -> int:
     sys.path.insert(0, str(ROOT / "tests" / "receivers"))
     from tls_certs import make_certs  # the tests' certificate factory (cryptography)
 
+    (tmp / "certs").mkdir(parents=True, exist_ok=True)
     certs = make_certs(tmp / "certs")
     tls = {"cert_file": certs.server_cert, "key_file": certs.server_key}
     settings = [f"--set=http.tls.{k}={v}" for k, v in tls.items()]

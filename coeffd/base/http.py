@@ -58,6 +58,9 @@ READ_PIECE = 64 * 1024
 DRAIN_SECONDS = 2.0
 #: How often connections overdue for their request are looked for.
 REAP_INTERVAL = 0.25
+#: Bytes kept from a client between its handshake's end and the HTTP protocol's start
+#: (one loop turn: at most a few socket reads); more is a flood and cut.
+EARLY_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -322,9 +325,11 @@ class _TlsAccept(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.inner is not None:
             self.inner.data_received(data)
-        elif sum(map(len, self.early)) < READ_PIECE:
+        elif sum(map(len, self.early)) < EARLY_BYTES:
+            # the handshake's wake-up is one loop turn away: what the TLS layer decrypts
+            # meanwhile (a client streaming its body at once) waits here
             self.early.append(data)
-        else:  # the handshake's wake-up is one loop turn away; this is a flood
+        else:
             self.abort()
 
     def eof_received(self) -> bool | None:
@@ -531,11 +536,15 @@ class HttpServer:
             cap = max(1, self.max_connections) * PENDING_HANDSHAKES_PER_SLOT
             oldest = None
             if len(self._pending) > cap:
-                mine = [c for c, (_, lp) in self._pending.items() if lp is loop]
-                oldest = min(mine, key=lambda c: self._pending[c][0])
-                del self._pending[oldest]
-        if oldest is not None:
+                oldest = min(self._pending, key=lambda c: self._pending[c][0])
+                _, its_loop = self._pending.pop(oldest)
+        if oldest is None:
+            return
+        if its_loop is loop:
             oldest.abort()
+        else:
+            with contextlib.suppress(RuntimeError):  # that loop is closing
+                its_loop.call_soon_threadsafe(oldest.abort)
 
     def handshake_done(self, conn: _TlsAccept) -> None:
         """The handshake of ``conn`` ended (either way)."""
