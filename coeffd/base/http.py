@@ -51,8 +51,9 @@ log = structlog.get_logger(__name__)
 TLS_HANDSHAKE_TIMEOUT = 10.0
 PENDING_HANDSHAKES_PER_SLOT = 4
 #: Bytes read from a body at a time (and aiohttp's read buffer: flow control pauses the
-#: socket at twice this, however small the chunks are).
-READ_PIECE = 64 * 1024
+#: socket at twice this, or at this / 16 chunks however small they are). 64 KiB cost
+#: 2.4x the server CPU of a 200 KB request (pause/resume), 256 KiB 1.2x the old server.
+READ_PIECE = 256 * 1024
 #: Seconds and bytes a refused body is still read and dropped, so a client that writes
 #: its whole body before reading sees the 413 instead of a reset.
 DRAIN_SECONDS = 2.0

@@ -149,9 +149,9 @@ class OtlpHttpReceiver:
             ssl_context=tls,
             gate=gate,
             inline_handlers=True,  # decode and offer never block: no thread hand-off
-            # one connection's I/O waits for the GIL while another's decode runs (bench
-            # serve --part http: one loop 0.58x the thread-per-connection server's rate)
-            loops=4,
+            # bench serve --part http: one loop 0.94x the stdlib server, four 0.83x (one
+            # noisy run each; the body read size mattered, 64 KiB pieces 0.58x)
+            loops=1,
         )
 
     @property
