@@ -14,7 +14,10 @@ sender and attackers on the other) for ``--duration`` seconds (default 10 minute
   resource attributes; over-size gRPC messages; gzip bombs; JSON nested 2,000 deep;
   ``?version=`` with 300 digits, Unicode digits, ``1_0``; idle and half-sent
   connections; connect bursts; a checkpoint with a valid checksum but a list inside
-  (placed before start-up); a second daemon started on the same gRPC port.
+  (placed before start-up); a second daemon started on the same gRPC port;
+* **issue 32's**: a chunk size of -1 followed by 50 MiB of junk, 8 MiB in 2-byte chunks
+  (both on OTLP/HTTP); its forged KV sequence number is the seq of 2⁶⁴−1 above; its TLS
+  handshake slots need a TLS daemon: ``bench dos --part http``.
 
 The daemon runs with the Helm chart's receiver bounds (request bytes, items, threads:
 ``helm/coeffd/values.yaml``, whose memory limit is derived from them). First, unless
@@ -448,6 +451,47 @@ class Soak:
         for s in held:
             s.close()
 
+    def _raw_http(self, name: str, head: bytes, body: Iterator[bytes]) -> None:
+        """Send ``head`` then ``body``'s pieces on a raw OTLP/HTTP socket; tally the
+        status line the daemon answers (or how the connection ended)."""
+        t = time.monotonic()
+        with self.attacking(name):
+            try:
+                with socket.create_connection(("127.0.0.1", self.d.ports["otlp_http"]), 30) as s:
+                    s.sendall(head)
+                    with contextlib.suppress(OSError):  # the daemon may answer and close first
+                        for piece in body:
+                            s.sendall(piece)
+                    got = s.recv(64)
+                answer = got.split(b" ", 2)[1].decode() if got.startswith(b"HTTP/") else "closed"
+            except OSError as e:
+                answer = type(e).__name__
+        self.tally(name, answer, time.monotonic() - t)
+
+    _CHUNKED = (
+        b"POST /v1/traces HTTP/1.1\r\nHost: coeffd\r\nContent-Type: application/x-protobuf\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    )
+
+    def a_negative_chunk(self, rnd: random.Random) -> None:
+        """Issue 32.1: chunk size -1, then 50 MiB of junk (the old server read it all)."""
+        junk = b"x" * (1 << 20)
+        self._raw_http(
+            "chunk size -1 + 50 MiB junk (issue 32.1)",
+            self._CHUNKED + b"-1\r\n",
+            (junk for _ in range(50)),
+        )
+
+    def a_tiny_chunks(self, rnd: random.Random) -> None:
+        """Issue 32.2: 8 MiB in 2-byte chunks (the old server kept an object per chunk)."""
+        piece = b"2\r\nxx\r\n" * 16384
+        pieces = (piece for _ in range(8 * (1 << 20) // (2 * 16384)))
+        self._raw_http(
+            "8 MiB in 2-byte chunks (issue 32.2)",
+            self._CHUNKED,
+            itertools.chain(pieces, [b"0\r\n\r\n"]),
+        )
+
     def a_connect_burst(self, rnd: random.Random) -> None:
         threads = [
             threading.Thread(
@@ -534,6 +578,8 @@ class Soak:
             (self.a_kv_seq, 60.0),
             (self.a_idle, 90.0),
             (self.a_connect_burst, 30.0),
+            (self.a_negative_chunk, 20.0),
+            (self.a_tiny_chunks, 30.0),
         ]
         if not attack:
             attacks = []
