@@ -44,7 +44,7 @@ EXACT = (
 )
 LLAMA = ("--model-config", "llama-3.1-8b-instruct", "--hardware", "H100", "--tp", "1")
 QWEN = ("--model-config", "qwen2.5-7b-instruct", "--hardware", "H100", "--tp", "1")
-SECONDS = 40.0
+SECONDS = 25.0
 
 
 def _sets(*pairs: str) -> list[str]:
@@ -64,7 +64,7 @@ def _feed(d: Daemon, engines: Any, seed: int, out: dict[str, RunResult], key: st
         otlp_endpoint=f"127.0.0.1:{d.ports['otlp_grpc']}",
         max_events=100_000,
         record_steps=True,
-        drain_s=10.0,
+        drain_s=5.0,
     )
 
 
