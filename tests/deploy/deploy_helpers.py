@@ -175,3 +175,9 @@ def dashboard_exprs(dashboard: dict[str, Any]) -> list[str]:
             exprs.append(q)
     exprs.extend(a["expr"] for a in dashboard.get("annotations", {}).get("list", []) if "expr" in a)
     return exprs
+
+
+def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
+    """The pod spec of a Deployment or StatefulSet."""
+    spec: dict[str, Any] = workload["spec"]["template"]["spec"]
+    return spec

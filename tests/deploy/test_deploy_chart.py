@@ -21,9 +21,9 @@ from deploy_helpers import (
     lint,
     manifests,
     one,
+    pod_spec,
     render,
     validate_k8s,
-    wrapper_chart,
 )
 
 SIDECAR_VALUES: dict[str, Any] = {
@@ -59,16 +59,6 @@ FLEET_VARIANTS: dict[str, dict[str, Any]] = {
         "networkPolicy": {"enabled": False},
     },
 }
-
-
-@pytest.fixture(scope="module")
-def wrapper(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return wrapper_chart(tmp_path_factory.mktemp("wrapper"))
-
-
-def _pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
-    spec: dict[str, Any] = workload["spec"]["template"]["spec"]
-    return spec
 
 
 def _container(pod: dict[str, Any], name: str) -> dict[str, Any]:
@@ -155,7 +145,7 @@ def test_fleet_mode_objects() -> None:
     ]
     sts = one(docs, "StatefulSet")
     assert sts["spec"]["replicas"] == 3
-    pod = _pod_spec(sts)
+    pod = pod_spec(sts)
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
@@ -197,7 +187,7 @@ def test_fleet_minimal_uses_emptydir_and_no_optional_objects() -> None:
     assert sorted(d["kind"] for d in docs) == ["ConfigMap", "Service", "StatefulSet"]
     sts = one(docs, "StatefulSet")
     assert "volumeClaimTemplates" not in sts["spec"]
-    pod = _pod_spec(sts)
+    pod = pod_spec(sts)
     assert {"name": "coeffd-data", "emptyDir": {}} in pod["volumes"]
     assert pod["serviceAccountName"] == "default"
     _assert_mounts_resolve(pod, [])
@@ -211,7 +201,7 @@ def test_ports_follow_settings_endpoints() -> None:
         }
     }
     docs = manifests(render(CHART, values))
-    c = _container(_pod_spec(one(docs, "StatefulSet")), "coeffd")
+    c = _container(pod_spec(one(docs, "StatefulSet")), "coeffd")
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {
         "otlp-grpc": 14317,
         "otlp-http": 4318,
@@ -272,7 +262,7 @@ def test_sidecar_wrapper_chart(wrapper: Path, native: bool) -> None:
             validate_k8s(doc, version)
     kinds = sorted(d["kind"] for d in docs if component(d) is None)
     assert kinds == ["ConfigMap", "Deployment", "ServiceAccount"]  # SA: the query tier's
-    pod = _pod_spec(one(docs, "Deployment"))
+    pod = pod_spec(one(docs, "Deployment"))
     sidecar = _container(pod, "coeffd")
     _assert_hardened(sidecar)
     _assert_mounts_resolve(pod, [])
@@ -292,7 +282,7 @@ def test_sidecar_wrapper_chart(wrapper: Path, native: bool) -> None:
 
 def test_sidecar_vllm_flags_mirror_the_identity(wrapper: Path) -> None:
     docs = manifests(render(wrapper, name="llama"))
-    pod = _pod_spec(one(docs, "Deployment"))
+    pod = pod_spec(one(docs, "Deployment"))
     vllm = _container(pod, "vllm")
     args: list[str] = vllm["args"]
 
@@ -336,7 +326,7 @@ def test_sidecar_vllm_flags_mirror_the_identity(wrapper: Path) -> None:
 
 def test_sidecar_http_protobuf_endpoint(wrapper: Path) -> None:
     values = {"coeffd": {"sidecar": {"vllm": {"otlpProtocol": "http/protobuf"}}}}
-    pod = _pod_spec(one(manifests(render(wrapper, values)), "Deployment"))
+    pod = pod_spec(one(manifests(render(wrapper, values)), "Deployment"))
     vllm = _container(pod, "vllm")
     args = vllm["args"]
     # vLLM posts to exactly this URL (spec §1.3), so the path must be spelled out
@@ -359,14 +349,14 @@ def test_image_tag_defaults_to_app_version_and_every_object_names_the_chart(
     chart_label = f"coeffd-{meta['version']}"
     docs = manifests(render(CHART, FLEET_VARIANTS["fleet-all-on"]))
     sts = one(docs, "StatefulSet")
-    image = _container(_pod_spec(sts), "coeffd")["image"]
+    image = _container(pod_spec(sts), "coeffd")["image"]
     assert image.endswith(":" + meta["appVersion"])
     for doc in docs:
         assert doc["metadata"]["labels"]["helm.sh/chart"] == chart_label, doc["kind"]
     assert sts["spec"]["template"]["metadata"]["labels"]["helm.sh/chart"] == chart_label
     pinned = manifests(render(CHART, {"image": {"tag": "9.9.9"}}))
-    assert _container(_pod_spec(one(pinned, "StatefulSet")), "coeffd")["image"].endswith(":9.9.9")
+    assert _container(pod_spec(one(pinned, "StatefulSet")), "coeffd")["image"].endswith(":9.9.9")
     # a parent chart renders the sidecar: the tag is still coeffd's appVersion
-    pod = _pod_spec(one(manifests(render(wrapper, name="llama")), "Deployment"))
+    pod = pod_spec(one(manifests(render(wrapper, name="llama")), "Deployment"))
     images = [c["image"] for c in pod.get("initContainers", []) + pod["containers"]]
     assert any(i.endswith("coeffd:" + meta["appVersion"]) for i in images), images

@@ -21,9 +21,9 @@ from deploy_helpers import (
     lint,
     manifests,
     one,
+    pod_spec,
     render,
     validate_k8s,
-    wrapper_chart,
 )
 from test_deploy_chart import SIDECAR_VALUES
 
@@ -40,16 +40,6 @@ EXTRAS: dict[str, Any] = {
     "extraEnv": [{"name": "COEFFD_LOG__FORMAT", "value": "json"}],
     "settings": {"catalog": {"models_dir": MODELS_MOUNT}},
 }
-
-
-@pytest.fixture(scope="module")
-def wrapper(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return wrapper_chart(tmp_path_factory.mktemp("wrapper"))
-
-
-def _pod(workload: dict[str, Any]) -> dict[str, Any]:
-    pod: dict[str, Any] = workload["spec"]["template"]["spec"]
-    return pod
 
 
 def _containers(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -70,12 +60,12 @@ def test_extra_volumes_mounts_args_env_on_every_coeffd_container(wrapper: Path) 
         for version in K8S_VERSIONS:
             validate_k8s(doc, version)
     assert lint(CHART, EXTRAS) == []
-    fleet = _pod(one(docs, "StatefulSet"))
+    fleet = pod_spec(one(docs, "StatefulSet"))
     c = _containers(fleet)["coeffd"]
     _assert_extras(fleet, c)
     assert c["args"] == ["serve", "--config", "/etc/coeffd/config.toml", "--log-level", "debug"]
     # the query tier resolves the same catalog: same volume and mount, its own args
-    query = _pod(one(docs, "StatefulSet", "query"))
+    query = pod_spec(one(docs, "StatefulSet", "query"))
     q = _containers(query)["coeffd-query"]
     _assert_extras(query, q)
     assert q["args"] == ["serve", "--config", "/etc/coeffd/config.toml"]
@@ -83,14 +73,14 @@ def test_extra_volumes_mounts_args_env_on_every_coeffd_container(wrapper: Path) 
         assert f'models_dir = "{MODELS_MOUNT}"' in config_toml(docs, of)
     # sidecar mode: through "coeffd.sidecarVolumes" into the vLLM pod
     sidecar_docs = manifests(render(wrapper, {"coeffd": EXTRAS}, name="llama"))
-    pod = _pod(one(sidecar_docs, "Deployment"))
+    pod = pod_spec(one(sidecar_docs, "Deployment"))
     _assert_extras(pod, _containers(pod)["coeffd"])
     for doc in sidecar_docs:
         validate_k8s(doc, K8S_VERSIONS[0])
     settings = {**SIDECAR_VALUES["settings"], **EXTRAS["settings"]}
     values = {**SIDECAR_VALUES, **EXTRAS, "settings": settings, "query": {"extraArgs": ["-x"]}}
     query = manifests(render(CHART, values))
-    q = _containers(_pod(one(query, "StatefulSet", "query")))["coeffd-query"]
+    q = _containers(pod_spec(one(query, "StatefulSet", "query")))["coeffd-query"]
     assert q["args"][-1] == "-x"
 
 
@@ -181,7 +171,7 @@ def test_sidecar_pod_monitor_selects_the_vllm_pods(wrapper: Path) -> None:
     assert pm["spec"]["namespaceSelector"] == {"matchNames": ["serving"]}
     assert pm["metadata"]["labels"]["r"] == "p"
     (ep,) = pm["spec"]["podMetricsEndpoints"]
-    sidecar = _containers(_pod(vllm))["coeffd"]
+    sidecar = _containers(pod_spec(vllm))["coeffd"]
     assert ep["port"] in {p["name"] for p in sidecar["ports"]} and ep["path"] == "/metrics"
     assert "scheme" not in ep
     # TLS on the sidecar's API: https, the given tlsConfig, the token when /metrics is guarded
@@ -235,7 +225,7 @@ def test_sidecar_example_names_the_vllm_fork() -> None:
     them on stock vLLM's image, and says so."""
     text = (DEPLOY / "kubernetes" / "vllm-coeffd-sidecar.yaml").read_text()
     docs = [d for d in yaml.safe_load_all(text) if d]
-    pod = _pod(one(docs, "Deployment"))
+    pod = pod_spec(one(docs, "Deployment"))
     vllm = _containers(pod)["vllm"]
     assert "--enable-journey-tracing" in vllm["args"]
     assert not vllm["image"].startswith("vllm/vllm-openai")

@@ -20,9 +20,9 @@ from deploy_helpers import (
     lint,
     manifests,
     one,
+    pod_spec,
     render,
     validate_k8s,
-    wrapper_chart,
 )
 from test_deploy_chart import SIDECAR_VALUES
 from test_deploy_security import QUERY_SELECTOR, SECURED
@@ -33,18 +33,8 @@ from coeffd.daemon.settings import load_settings
 from tests.receivers.tls_certs import make_certs
 
 
-@pytest.fixture(scope="module")
-def wrapper(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return wrapper_chart(tmp_path_factory.mktemp("wrapper"))
-
-
-def _pod(workload: dict[str, Any]) -> dict[str, Any]:
-    pod: dict[str, Any] = workload["spec"]["template"]["spec"]
-    return pod
-
-
 def _query_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    (c,) = _pod(one(docs, "StatefulSet", "query"))["containers"]
+    (c,) = pod_spec(one(docs, "StatefulSet", "query"))["containers"]
     assert c["name"] == "coeffd-query"
     return dict(c)
 
@@ -94,7 +84,7 @@ def test_fleet_query_tier_asks_the_headless_service(tmp_path: Path) -> None:
     (peer,) = parse_peers(settings.query.peers, dns_scheme=settings.query.dns_scheme)
     assert (peer.dns, peer.scheme, peer.port) == (True, "http", 9464)
     # the port asked is the fleet container's API port
-    fleet_c = _pod(sts)["containers"][0]
+    fleet_c = pod_spec(sts)["containers"][0]
     assert {p["name"]: p["containerPort"] for p in fleet_c["ports"]}["coeffd-http"] == peer.port
     # no receivers, the learners' API listener, state and snapshots on the data volume
     assert not settings.receivers.otlp_grpc.enabled and not settings.receivers.otlp_http.enabled
@@ -146,7 +136,7 @@ def test_query_service_probes_and_hardening() -> None:
     assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
     assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
     sts = one(docs, "StatefulSet", "query")
-    pod = _pod(sts)
+    pod = pod_spec(sts)
     assert pod["automountServiceAccountToken"] is False
     assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
     assert sts["spec"]["replicas"] == 1 and sts["spec"]["serviceName"] == "coeffd-query"
@@ -165,7 +155,7 @@ def test_query_persistence_off_uses_an_emptydir() -> None:
     docs = manifests(render(CHART, {"query": {"persistence": {"enabled": False, "size": "256Mi"}}}))
     sts = one(docs, "StatefulSet", "query")
     assert "volumeClaimTemplates" not in sts["spec"]
-    assert {"name": "coeffd-data", "emptyDir": {"sizeLimit": "256Mi"}} in _pod(sts)["volumes"]
+    assert {"name": "coeffd-data", "emptyDir": {"sizeLimit": "256Mi"}} in pod_spec(sts)["volumes"]
 
 
 def test_sidecar_query_tier_asks_the_vllm_pods(wrapper: Path, tmp_path: Path) -> None:
@@ -182,7 +172,7 @@ def test_sidecar_query_tier_asks_the_vllm_pods(wrapper: Path, tmp_path: Path) ->
     # ... on the sidecar container's API port
     sidecar = next(
         c
-        for c in _pod(vllm).get("initContainers", []) + _pod(vllm)["containers"]
+        for c in pod_spec(vllm).get("initContainers", []) + pod_spec(vllm)["containers"]
         if c["name"] == "coeffd"
     )
     (port,) = peers["spec"]["ports"]
@@ -271,7 +261,7 @@ def test_query_client_reuses_the_api_security(tmp_path: Path) -> None:
     assert (
         mounts["coeffd-tls"] == "/etc/coeffd/tls" and mounts["coeffd-token"] == "/etc/coeffd/token"
     )
-    volumes = {v["name"]: v for v in _pod(one(docs, "StatefulSet", "query"))["volumes"]}
+    volumes = {v["name"]: v for v in pod_spec(one(docs, "StatefulSet", "query"))["volumes"]}
     assert volumes["coeffd-tls"]["secret"]["secretName"] == "coeffd-tls"
     assert volumes["coeffd-token"]["secret"]["secretName"] == "coeffd-token"
     assert one(docs, "Service", "query")["spec"]["ports"][0]["appProtocol"] == "https"
