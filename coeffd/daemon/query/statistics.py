@@ -65,7 +65,12 @@ FloatArray = npt.NDArray[np.float64]
 
 
 class StatisticsError(ValueError):
-    """A statistics document this version cannot read (whole peer refused)."""
+    """A statistics document this version cannot read (whole peer refused); ``reason`` is
+    the metric label: ``version`` (another format version) or ``invalid``."""
+
+    def __init__(self, message: str, reason: str = "invalid") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -133,7 +138,9 @@ def parse_statistics(body: bytes, registry: LearnerRegistry) -> PeerStatistics:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise StatisticsError(f"not a {FORMAT} document")
     if doc.get("version") != VERSION:
-        raise StatisticsError(f"version {doc.get('version')!r}; this coeffd reads {VERSION}")
+        raise StatisticsError(
+            f"version {doc.get('version')!r}; this coeffd reads {VERSION}", reason="version"
+        )
     configs, wall_ns, instance = doc.get("configurations"), doc.get("wall_ns"), doc.get("instance")
     if not isinstance(configs, dict) or not isinstance(wall_ns, int):
         raise StatisticsError("configurations / wall_ns missing")

@@ -107,6 +107,10 @@ class _Peer:
     last_seen: float  # wall s of the last good answer
     error: str | None = None  # why the last ask failed (None: answered)
 
+    def stale(self, now: float, live_s: float) -> bool:
+        """Its statistics are not fresh: the last ask failed, or it answered too long ago."""
+        return self.error is not None or now - self.last_seen > live_s
+
 
 class _Metrics:
     def __init__(self, registry: CollectorRegistry | None) -> None:
@@ -263,7 +267,7 @@ class FleetView:
         except PeerError as exc:
             return exc.reason, exc.detail
         except StatisticsError as exc:
-            return ("version" if "version" in str(exc) else "invalid"), str(exc)[:300]
+            return exc.reason, str(exc)[:300]
 
     def _note_failure(self, url: str, reason: str, detail: str) -> None:
         if self._failing.get(url) != reason:
@@ -301,8 +305,7 @@ class FleetView:
                 Instance(
                     url,
                     int(self._peers[url].last_seen * 1e9),
-                    stale=now - self._peers[url].last_seen > ttl_live
-                    or self._peers[url].error is not None,
+                    stale=self._peers[url].stale(now, ttl_live),
                     error=self._peers[url].error,
                 )
                 for url, _ in group
@@ -318,7 +321,7 @@ class FleetView:
         self._instances = instances
         self.model = self._fit_fleet(registry, rows)
         peers = list(self._peers.values())
-        stale = sum(1 for p in peers if p.error is not None or now - p.last_seen > ttl_live)
+        stale = sum(1 for p in peers if p.stale(now, ttl_live))
         self.metrics.peers.labels("up").set(len(peers) - stale)
         self.metrics.peers.labels("stale").set(stale)
         self.metrics.merge.observe(time.perf_counter() - t0)
