@@ -23,7 +23,7 @@ from coeffd.daemon import api
 from coeffd.daemon.learning.checkpoints import CheckpointStore
 from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.daemon.query.config import QuerySettings
-from coeffd.daemon.query.statistics import export_statistics
+from coeffd.daemon.query.statistics import export_statistics, parse_statistics
 from coeffd.daemon.query.view import FleetView
 from coeffd.learners.config import LearnersConfig
 from coeffd.learners.merge import merge_set_states
@@ -181,3 +181,25 @@ def test_a_lost_peer_stays_stale_until_the_ttl_also_across_a_restart(
     clock.t += 601
     again.refresh()
     assert [i["peer"] for i in again.instances(SHARED.id) or []] == [peers["a"].url]
+
+
+def test_a_bad_configuration_costs_that_configuration_not_the_peer(
+    registries: dict[str, LearnerRegistry],
+) -> None:
+    """Non-finite rows, a path for an id, an id that is not its configuration's: each
+    skipped with its reason; the peer's good configuration is read."""
+    doc = orjson.loads(export_statistics(registries["c"], {"name": "c"}))
+    good = doc["configurations"][OTHER.id]
+    nan_rows = orjson.loads(orjson.dumps(good))
+    nan_rows["rows"]["y"][0] = None  # null: not a number
+    doc["configurations"] |= {
+        "../../etc": good,
+        SHARED.id: good,  # describes OTHER: the id does not match
+    }
+    stats = parse_statistics(orjson.dumps(doc), LearnerRegistry(SETTINGS))
+    assert list(stats.configurations) == [OTHER.id]
+    assert "InvalidConfigurationIdError" in stats.skipped["../../etc"]
+    assert "does not match" in stats.skipped[SHARED.id]
+    doc["configurations"] = {OTHER.id: nan_rows}
+    stats = parse_statistics(orjson.dumps(doc), LearnerRegistry(SETTINGS))
+    assert not stats.configurations and "rows" in stats.skipped[OTHER.id]
