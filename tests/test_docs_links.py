@@ -131,6 +131,8 @@ def problems(path: Path) -> list[str]:
             cited = cited.rstrip(".")
             if PLACEHOLDER.search(cited) or NOT_PATHS.match(cited):
                 continue
+            if "__pycache__" in cited.split("/"):  # bytecode: made by running, never in git
+                continue
             # ``../x`` is relative to the citing file, a bare repository path to the root
             dest = ((path.parent if cited.startswith("../") else REPO) / cited).resolve()
             if REPO not in [dest, *dest.parents]:
@@ -172,6 +174,7 @@ def test_every_pointer_resolves_inside_the_repository() -> None:
         ("Read first: `../shared/design/ARCHITECTURE.md`", True),
         ("see `deploy/kubernetes/otel-collector.yaml`", True),
         ("see `deploy/otel-collector/kubernetes.yaml`", False),
+        ("never `coeffd/daemon/__pycache__/cli.cpython-311.pyc`", False),
         ("snapshots in `snapshot_dir/<id>/latest.json`", False),
         ("most of the series (README, Settings).", True),
         ('what bench says (README "Measured")', False),
