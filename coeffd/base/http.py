@@ -9,7 +9,8 @@ served by an asyncio loop in a background thread. What stays here is what coeffd
   ``max_body_bytes`` (Content-Length: before reading any of it), so a connection holds at
   most one limit's worth whatever the chunking;
 * the TLS handshake runs per connection with a deadline, outside the connection cap: a
-  client that never starts it times out and cannot take a slot a probe needs;
+  client that never starts it costs a socket until it times out, cannot take a slot a
+  probe needs and delays no one's handshake (:mod:`coeffd.base.tlsdoor`);
 * at ``max_connections`` the connection that has waited longest for its request is cut
   for the new one; only when every connection is busy is the new one answered 503;
 * the token / client-certificate :class:`~coeffd.base.security.Gate` runs before a body
@@ -38,6 +39,8 @@ import structlog
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from coeffd.base.tlsdoor import TlsDoor
+
 if TYPE_CHECKING:
     from coeffd.base.security import Gate
 
@@ -45,9 +48,9 @@ __all__ = ["Handler", "HttpServer", "Request", "Response", "Router"]
 
 log = structlog.get_logger(__name__)
 
-#: Seconds a client gets to finish the TLS handshake; until then it holds no slot of
-#: ``max_connections`` (only one of the handshakes, at most ``PENDING_HANDSHAKES_PER_SLOT``
-#: times that cap, the oldest cut first).
+#: Seconds a client gets from its connect to the end of its TLS handshake; until then it
+#: holds no slot of ``max_connections`` (only one of the pending handshakes, at most
+#: ``PENDING_HANDSHAKES_PER_SLOT`` times that cap, the oldest silent one cut first).
 TLS_HANDSHAKE_TIMEOUT = 10.0
 PENDING_HANDSHAKES_PER_SLOT = 4
 #: Bytes read from a body at a time (and aiohttp's read buffer: flow control pauses the
@@ -59,9 +62,6 @@ READ_PIECE = 256 * 1024
 DRAIN_SECONDS = 2.0
 #: How often connections overdue for their request are looked for.
 REAP_INTERVAL = 0.25
-#: Bytes kept from a client between its handshake's end and the HTTP protocol's start
-#: (one loop turn: at most a few socket reads); more is a flood and cut.
-EARLY_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -263,96 +263,6 @@ class _Manager(web.Server):
                     transport.abort()
 
 
-class _TlsAccept(asyncio.Protocol):
-    """A plain TCP connection until its TLS handshake is done (with a deadline, counted
-    when it fails); then the HTTP protocol's, to which it forwards what arrives."""
-
-    def __init__(self, owner: HttpServer, manager: _Manager) -> None:
-        self.owner = owner
-        self.manager = manager
-        self.inner: RequestHandler | None = None
-        self.raw: asyncio.Transport | None = None
-        # what arrives between the handshake's end and the HTTP protocol's start
-        self.early: list[bytes] = []
-        self.early_eof = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.raw = transport
-        transport.pause_reading()  # nothing is read before start_tls takes over
-        self.owner.handshake_started(self)
-        asyncio.get_running_loop().create_task(self._handshake(transport))
-
-    async def _handshake(self, raw: asyncio.Transport) -> None:
-        owner = self.owner
-        loop = asyncio.get_running_loop()
-        assert owner.ssl_context is not None
-        try:
-            tls = await asyncio.wait_for(
-                loop.start_tls(
-                    raw,
-                    self,
-                    owner.ssl_context,
-                    server_side=True,
-                    ssl_handshake_timeout=owner.handshake_timeout,
-                ),
-                owner.handshake_timeout + 1.0,
-            )
-        except (TimeoutError, OSError, ValueError, RuntimeError) as e:
-            owner.handshake_done(self)
-            raw.abort()
-            if owner.gate is not None and not owner.stopping:
-                owner.gate.handshake_failed(e, _peer(raw))
-            return
-        finally:
-            owner.handshake_done(self)
-        if tls is None or tls.is_closing():
-            raw.abort()
-            return
-        inner = self.manager()
-        inner.connection_made(tls)
-        self.inner = inner
-        for data in self.early:
-            inner.data_received(data)
-        self.early.clear()
-        if self.early_eof:
-            inner.eof_received()
-
-    def abort(self) -> None:
-        """Give up on this handshake (too many pending)."""
-        if self.raw is not None:
-            self.raw.abort()
-
-    def data_received(self, data: bytes) -> None:
-        if self.inner is not None:
-            self.inner.data_received(data)
-        elif sum(map(len, self.early)) < EARLY_BYTES:
-            # the handshake's wake-up is one loop turn away: what the TLS layer decrypts
-            # meanwhile (a client streaming its body at once) waits here
-            self.early.append(data)
-        else:
-            self.abort()
-
-    def eof_received(self) -> bool | None:
-        if self.inner is not None:
-            self.inner.eof_received()
-        else:
-            self.early_eof = True
-        return None
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        if self.inner is not None:
-            self.inner.connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        if self.inner is not None:
-            self.inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        if self.inner is not None:
-            self.inner.resume_writing()
-
-
 def _peer(transport: asyncio.BaseTransport) -> str:
     try:
         return str(transport.get_extra_info("peername")[0])
@@ -383,6 +293,7 @@ class _Lane:
     thread: threading.Thread | None = None
     manager: _Manager | None = None
     reaper: asyncio.Task[None] | None = None
+    close: Callable[[], None] | None = None  # stops accepting
 
 
 class HttpServer:
@@ -434,8 +345,16 @@ class HttpServer:
         self._port = int(self._sock.getsockname()[1])
         self.stopping = False
         self._lanes = [_Lane() for _ in range(max(1, loops))]
-        self._pending: dict[_TlsAccept, tuple[float, asyncio.AbstractEventLoop]] = {}
-        self._pending_lock = threading.Lock()
+        self._door = (
+            None
+            if ssl_context is None
+            else TlsDoor(
+                ssl_context,
+                timeout=handshake_timeout,
+                cap=max(1, max_connections) * PENDING_HANDSHAKES_PER_SLOT,
+                failed=self._handshake_failed,
+            )
+        )
         self._pool: ThreadPoolExecutor | None = None
 
     @property
@@ -482,14 +401,13 @@ class HttpServer:
         loop = asyncio.new_event_loop()
         lane.loop = loop
         try:
-            server = loop.run_until_complete(self._serve(lane))
+            loop.run_until_complete(self._serve(lane))
             started.set()
             loop.run_forever()
-            server.close()
+            if lane.close is not None:
+                lane.close()
             if lane.manager is not None:
                 lane.manager.pre_shutdown()
-            for pending in self._pending_of(loop):
-                pending.abort()
             loop.run_until_complete(asyncio.sleep(0))
             tasks = asyncio.all_tasks(loop)
             for t in tasks:
@@ -500,7 +418,7 @@ class HttpServer:
             started.set()
             loop.close()
 
-    async def _serve(self, lane: _Lane) -> asyncio.AbstractServer:
+    async def _serve(self, lane: _Lane) -> None:
         loop = asyncio.get_running_loop()
         keepalive = self.idle_timeout if self.idle_timeout is not None else 3630.0
         manager = lane.manager = _Manager(
@@ -513,48 +431,27 @@ class HttpServer:
             access_log=None,
         )
 
-        def factory() -> asyncio.BaseProtocol:
-            return _TlsAccept(self, manager) if self.ssl_context is not None else manager()
-
         # Every loop accepts on the same listening socket (the kernel hands each new
         # connection to one of them).
-        server = await loop.create_server(factory, sock=self._sock.dup(), backlog=1024)
+        if self._door is not None:
+            lane.close = self._door.open(self._sock.dup(), manager)
+        else:
+            server = await loop.create_server(manager, sock=self._sock.dup(), backlog=1024)
+            lane.close = server.close
         lane.reaper = loop.create_task(self._reaper(manager))
-        return server
 
     async def _reaper(self, manager: _Manager) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(REAP_INTERVAL)
             if self.idle_timeout is not None:
                 manager.reap(time.monotonic() - self.idle_timeout)
+            if self._door is not None:
+                self._door.reap(loop)
 
-    def handshake_started(self, conn: _TlsAccept) -> None:
-        """A TLS handshake began; past the cap of pending ones the oldest of this
-        loop's is cut."""
-        loop = asyncio.get_running_loop()
-        with self._pending_lock:
-            self._pending[conn] = (time.monotonic(), loop)
-            cap = max(1, self.max_connections) * PENDING_HANDSHAKES_PER_SLOT
-            oldest = None
-            if len(self._pending) > cap:
-                oldest = min(self._pending, key=lambda c: self._pending[c][0])
-                _, its_loop = self._pending.pop(oldest)
-        if oldest is None:
-            return
-        if its_loop is loop:
-            oldest.abort()
-        else:
-            with contextlib.suppress(RuntimeError):  # that loop is closing
-                its_loop.call_soon_threadsafe(oldest.abort)
-
-    def handshake_done(self, conn: _TlsAccept) -> None:
-        """The handshake of ``conn`` ended (either way)."""
-        with self._pending_lock:
-            self._pending.pop(conn, None)
-
-    def _pending_of(self, loop: asyncio.AbstractEventLoop) -> list[_TlsAccept]:
-        with self._pending_lock:
-            return [c for c, (_, lp) in self._pending.items() if lp is loop]
+    def _handshake_failed(self, error: Exception, client: str) -> None:
+        if self.gate is not None and not self.stopping:
+            self.gate.handshake_failed(error, client)
 
     @property
     def alive(self) -> bool:

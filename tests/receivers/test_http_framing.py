@@ -11,6 +11,7 @@ sockets so the exact bytes and the answer can be asserted:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import ssl
@@ -20,12 +21,14 @@ import textwrap
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import make_settings, metric, scrape
 from otlp_builders import core_span, journey, request
 from tls_certs import Certs, make_certs
 
+from coeffd.base.http import HttpServer, Response, Router
 from coeffd.daemon.app import App
 from coeffd.daemon.pipeline import CountingConsumer
 
@@ -192,6 +195,82 @@ def test_silent_tls_connections_take_no_slot(certs: Certs) -> None:
         for s in silent:
             s.close()
         app.stop()
+
+
+def _tls_server(certs: Certs, **kw: Any) -> HttpServer:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(certs.server_cert), str(certs.server_key))
+    r = Router()
+    r.add_route("GET", "/healthz", lambda req: Response.text(200, "ok"))
+    server = HttpServer("127.0.0.1", 0, r, ssl_context=ctx, **kw)
+    server.start()
+    return server
+
+
+def _closed_by_server(s: socket.socket) -> bool:
+    """Whether the server closed ``s`` (EOF or reset within the socket's timeout)."""
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_handshaking_client_outlives_a_silent_flood(certs: Certs) -> None:
+    # Cap of pending handshakes: 2 slots x 4 = 8. The client sends its ClientHello,
+    # then 20 silent connections arrive: the silent ones are cut, not the client (the
+    # old server cut the oldest pending, the client, and its handshake was reset).
+    server = _tls_server(certs, max_connections=2)
+    silent: list[socket.socket] = []
+    ctx = ssl.create_default_context(cafile=str(certs.ca))
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ctx.wrap_bio(incoming, outgoing, server_hostname="localhost")
+    try:
+        raw = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        with pytest.raises(ssl.SSLWantReadError):
+            tls.do_handshake()
+        raw.sendall(outgoing.read())
+        incoming.write(raw.recv(65536))  # the server's answer: its handshake has begun
+        silent = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(20)]
+        silent[0].settimeout(5)
+        assert _closed_by_server(silent[0])  # the cap was applied, to the silent ones
+        while True:
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                raw.sendall(outgoing.read())
+                incoming.write(raw.recv(65536))
+        tls.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        raw.sendall(outgoing.read())
+        answer = b""
+        while b"ok" not in answer:
+            data = raw.recv(65536)
+            assert data, answer
+            incoming.write(data)
+            with contextlib.suppress(ssl.SSLWantReadError):
+                answer += tls.read(65536)
+        assert _status(answer) == 200
+        raw.close()
+    finally:
+        for s in silent:
+            s.close()
+        server.stop()
+
+
+def test_silent_connection_cut_at_its_deadline(certs: Certs) -> None:
+    server = _tls_server(certs, handshake_timeout=0.5)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+            assert _closed_by_server(s)  # a 10 s safety net, not a timing assertion
+        anonymous = ssl.create_default_context(cafile=str(certs.ca))
+        with urllib.request.urlopen(
+            f"https://127.0.0.1:{server.port}/healthz", timeout=5, context=anonymous
+        ) as r:
+            assert r.status == 200
+    finally:
+        server.stop()
 
 
 # ----------------------------------------------------------------------- item 6
