@@ -412,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     decoder = Decoder()
     print(
-        f"decoder: {'compiled extension' if getattr(decoder, 'native', False) else 'pure Python'}"
+        f"decoder: {'compiled extension' if decoder.native else 'pure Python'}"
     )
     head = ("parse-only", "coeffd", "MessageToDict", "of parse", "x MTD")
     print(f"{'workload (events/s per CPU s)':38s}" + "".join(f"{h:>14s}" for h in head))

@@ -23,11 +23,14 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-__all__ = ["FastExportRequest", "to_fast"]
+from coeffd.receivers.otlp import native
+
+__all__ = ["FastExportRequest", "WireRequest", "parse_request", "to_fast"]
 
 _F = descriptor_pb2.FieldDescriptorProto
 _ANY_VALUE = ".opentelemetry.proto.common.v1.AnyValue"
@@ -85,3 +88,27 @@ def to_fast(req: Any) -> Any:
     if isinstance(req, FastExportRequest):
         return req
     return FastExportRequest.FromString(req.SerializeToString())
+
+
+class WireRequest:
+    """The wire bytes of a request upb accepted, for the compiled decoder (which reads
+    bytes, not messages)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+def parse_request(data: bytes) -> Any:
+    """What the receivers hand the decoder for a binary request: a :class:`WireRequest`
+    when the compiled decoder is there, else a :data:`FastExportRequest`. Raises
+    protobuf's ``DecodeError`` for malformed bytes either way (upb checks them).
+
+    >>> type(parse_request(b"")).__name__ in ("WireRequest", "ExportTraceServiceRequest")
+    True
+    """
+    if native.AVAILABLE:
+        ExportTraceServiceRequest.FromString(data)
+        return WireRequest(data)
+    return FastExportRequest.FromString(data)

@@ -47,36 +47,39 @@ SpanParser = Callable[[Any, SpanInfo], Record]
 # Fields are in record field order: records are built positionally from x0, x1, ….
 _R, _O = True, False  # required, optional
 
+_REQUEST_SPAN_FIELDS: tuple[Field, ...] = (
+    ("gen_ai.request.id", STR, _R),
+    ("http.route", STR, _O),
+    ("gen_ai.response.model", STR, _O),
+    ("gen_ai.usage.prompt_tokens", INT, _O),
+    ("gen_ai.usage.completion_tokens", INT, _O),
+    ("gen_ai.request.max_tokens", INT, _O),
+    ("gen_ai.request.n", INT, _O),
+    ("gen_ai.request.temperature", FLOAT, _O),
+    ("gen_ai.request.top_p", FLOAT, _O),
+)
 _request_span = compile_parser(
     "request_span",
-    (
-        ("gen_ai.request.id", STR, _R),
-        ("http.route", STR, _O),
-        ("gen_ai.response.model", STR, _O),
-        ("gen_ai.usage.prompt_tokens", INT, _O),
-        ("gen_ai.usage.completion_tokens", INT, _O),
-        ("gen_ai.request.max_tokens", INT, _O),
-        ("gen_ai.request.n", INT, _O),
-        ("gen_ai.request.temperature", FLOAT, _O),
-        ("gen_ai.request.top_p", FLOAT, _O),
-    ),
+    _REQUEST_SPAN_FIELDS,
     "RequestSpan(info, {args}, obj.status.code == STATUS_CODE_ERROR)",
     env={"RequestSpan": rec.RequestSpan, "STATUS_CODE_ERROR": _STATUS_CODE_ERROR},
 )
+_CORE_SPAN_FIELDS: tuple[Field, ...] = (("gen_ai.request.id", STR, _R),)
 _core_span = compile_parser(
     "core_span",
-    (("gen_ai.request.id", STR, _R),),
+    _CORE_SPAN_FIELDS,
     "CoreSpan(info, {args})",
     env={"CoreSpan": rec.CoreSpan},
 )
+_STEP_SPAN_FIELDS: tuple[Field, ...] = (
+    ("scheduler.span_sequence", INT, _R),
+    ("scheduler.step_range_start", INT, _R),
+    ("scheduler.closure_interval", INT, _R),
+    ("scheduler.step_range_end", INT, _O),
+)
 _step_span = compile_parser(
     "step_span",
-    (
-        ("scheduler.span_sequence", INT, _R),
-        ("scheduler.step_range_start", INT, _R),
-        ("scheduler.closure_interval", INT, _R),
-        ("scheduler.step_range_end", INT, _O),
-    ),
+    _STEP_SPAN_FIELDS,
     "StepSpan(info, {args})",
     env={"StepSpan": rec.StepSpan},
 )
@@ -96,7 +99,8 @@ _api_events = {
     for k in rec.ApiKind
 }
 
-_journey_seconds = compile_parser("journey_seconds", (("ts.monotonic", SECONDS, _O),), "{args}")
+_JOURNEY_SECONDS: Field = ("ts.monotonic", SECONDS, _O)
+_journey_seconds = compile_parser("journey_seconds", (_JOURNEY_SECONDS,), "{args}")
 _JOURNEY_FIELDS: tuple[Field, ...] = (
     ("ts.monotonic_ns", NS, _O),  # required, with ts.monotonic as the fallback
     ("scheduler.step", INT, _R),
@@ -216,21 +220,22 @@ def shedding_summary_parser(keep: Callable[[int], bool]) -> EventParser:
     return parse
 
 
+_SNAPSHOT_FIELDS: tuple[Field, ...] = (
+    ("step.id", INT, _R),
+    ("request.id", STR, _R),
+    ("request.phase", STR, _R),
+    ("request.num_prompt_tokens", INT, _R),
+    ("request.num_computed_tokens", INT, _R),
+    ("request.num_output_tokens", INT, _R),
+    ("request.num_preemptions", INT, _R),
+    ("request.scheduled_tokens_this_step", INT, _R),
+    ("kv.blocks_allocated_gpu", INT, _R),
+    ("kv.blocks_cached_gpu", INT, _R),
+    ("request.effective_prompt_len", INT, _O),
+)
 _request_snapshot = compile_parser(
     "request_snapshot",
-    (
-        ("step.id", INT, _R),
-        ("request.id", STR, _R),
-        ("request.phase", STR, _R),
-        ("request.num_prompt_tokens", INT, _R),
-        ("request.num_computed_tokens", INT, _R),
-        ("request.num_output_tokens", INT, _R),
-        ("request.num_preemptions", INT, _R),
-        ("request.scheduled_tokens_this_step", INT, _R),
-        ("kv.blocks_allocated_gpu", INT, _R),
-        ("kv.blocks_cached_gpu", INT, _R),
-        ("request.effective_prompt_len", INT, _O),
-    ),
+    _SNAPSHOT_FIELDS,
     "RequestSnapshot(info, wall, {args})",
     env={"RequestSnapshot": rec.RequestSnapshot},
 )
@@ -254,3 +259,70 @@ SCOPES: dict[str, tuple[Callable[[str], bool], SpanParser, dict[str, EventParser
         {"step.BATCH_SUMMARY": _batch_summary, "step.REQUEST_SNAPSHOT": _request_snapshot},
     ),
 }
+
+
+# --------------------------------------------------------- the compiled decoder's plan
+
+
+def _wire_field(field: Field) -> tuple[Any, ...]:
+    key, t, req = field
+    reasons = tuple(f"{r}:{key}" for r in ("missing", "type", "nonfinite", "range"))
+    return (key.encode(), t, int(req), *reasons)
+
+
+def _wire_kind(
+    name: str,
+    ctor: type,
+    fields: tuple[Field, ...],
+    kind: object = None,
+    *,
+    status: bool = False,
+    fallback: Field | None = None,
+) -> tuple[Any, ...]:
+    keys = [key for key, _, _ in fields]
+    ratio = keys.index("kv.usage_gpu_ratio") if "kv.usage_gpu_ratio" in keys else -1
+    shed = fields is _SUMMARY_FIELDS
+    partial = tuple(i for i, key in enumerate(keys) if shed and key in _PARTIAL_SUMMARY_KEYS)
+    return (
+        name.encode(),
+        ctor,
+        kind,
+        tuple(map(_wire_field, fields)),
+        int(status),
+        ratio,
+        None if fallback is None else _wire_field(fallback),
+        int(shed),
+        keys.index("step.id") if shed else -1,
+        partial,
+    )
+
+
+def wire_plan() -> tuple[Any, ...]:
+    """The kinds above as the compiled decoder (``_wire.c``) reads them: the same keys,
+    types, record constructors and checks as the generated parsers, in nested tuples
+    (``_wire.compile_plan`` documents the layout). The test of the two decoders'
+    equality (``tests/receivers/otlp``) keeps them in step."""
+    api = tuple(_wire_kind("api." + k.value, rec.ApiEvent, _API_FIELDS, k) for k in rec.ApiKind)
+    journey = tuple(
+        _wire_kind("journey." + k.value, rec.JourneyEvent, _JOURNEY_FIELDS, k,
+                   fallback=_JOURNEY_SECONDS)
+        for k in rec.JourneyKind
+    )  # fmt: skip
+    step = (
+        _wire_kind("step.BATCH_SUMMARY", rec.BatchSummary, _SUMMARY_FIELDS),
+        _wire_kind("step.REQUEST_SNAPSHOT", rec.RequestSnapshot, _SNAPSHOT_FIELDS),
+    )
+    scopes = (
+        (SCOPE_API, "llm_request", False,
+         _wire_kind("llm_request", rec.RequestSpan, _REQUEST_SPAN_FIELDS, status=True), api),
+        (SCOPE_SCHEDULER, "llm_core", False,
+         _wire_kind("llm_core", rec.CoreSpan, _CORE_SPAN_FIELDS), journey),
+        (SCOPE_STEP, "scheduler_steps_", True,
+         _wire_kind("scheduler_steps_", rec.StepSpan, _STEP_SPAN_FIELDS), step),
+    )  # fmt: skip
+    reasons = ("ids", "range:span_time", "range:timeUnixNano", "parent_rejected")
+    return (
+        rec.SpanInfo,
+        reasons,
+        tuple((s.encode(), s, int(prefix), span, ev) for s, _, prefix, span, ev in scopes),
+    )
