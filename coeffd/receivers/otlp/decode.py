@@ -211,6 +211,8 @@ class Decoder:
         # The compiled path's Sources, keyed by the resource's wire bytes (no re-encoding)
         self._wire_sources: dict[bytes, Source] = {}
         self._wire_source_bytes = 0
+        #: Requests the compiled decoder handed to the Python one (see ``_wire.c``).
+        self.handed_back = 0
         self._max_sources = max_sources
         # Bounded by bytes too: sources come from the network, and 4096 resources of
         # 1 MB each held 4 GB (a Source holds about what its key does).
@@ -301,6 +303,7 @@ class Decoder:
             res.reasons,
         )  # fmt: skip
         if out is None:
+            self.handed_back += 1
             return self._decode_py(FastExportRequest.FromString(data))
         (res.records, res.rejected, res.ignored, res.rejected_spans, res.dropped_upstream,
          res.sampled_out) = out  # fmt: skip
