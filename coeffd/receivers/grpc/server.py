@@ -32,7 +32,7 @@ from coeffd.base.security import grpc_server_credentials, grpc_token_interceptor
 from coeffd.receivers.config import ReceiverSettings
 from coeffd.receivers.host import Host
 from coeffd.receivers.occupancy import Occupancy
-from coeffd.receivers.otlp.fastproto import FastExportRequest
+from coeffd.receivers.otlp.fastproto import parse_request
 from coeffd.receivers.otlp.ingest import Ingestor, Outcome
 from coeffd.receivers.otlp.limits import RequestLimits, check_request
 
@@ -80,10 +80,9 @@ def _deserializer(limits: RequestLimits) -> Callable[[bytes], Any]:
         over = check_request(data, limits)
         if over is not None:
             return _Undecodable(str(over), len(data), over.limit)
-        # Straight into the map-attributes twin of the request type (see fastproto): the
-        # decoder's fast path, and no second parse.
+        # upb checks the bytes; the decoder reads them (fastproto.parse_request)
         try:
-            return FastExportRequest.FromString(data)
+            return parse_request(data)
         except DecodeError as e:
             return _Undecodable(f"invalid protobuf: {e}", len(data))
 

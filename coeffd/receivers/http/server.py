@@ -28,7 +28,7 @@ from coeffd.base.http import HttpServer, Request, Response, Router
 from coeffd.base.security import http_guard
 from coeffd.receivers.config import ReceiverSettings
 from coeffd.receivers.host import Host
-from coeffd.receivers.otlp.fastproto import FastExportRequest
+from coeffd.receivers.otlp.fastproto import parse_request
 from coeffd.receivers.otlp.ingest import Ingestor, Outcome
 from coeffd.receivers.otlp.jsonbody import JsonDecodeError, parse_json_request
 from coeffd.receivers.otlp.limits import LimitExceeded, check_json_body, check_request
@@ -216,7 +216,7 @@ class OtlpHttpReceiver:
             if over is not None:
                 raise over
             try:
-                return FastExportRequest.FromString(body)
+                return parse_request(body)
             except DecodeError as e:
                 raise BodyError(f"invalid protobuf: {e}") from None
         over = check_json_body(body, self.limits)
