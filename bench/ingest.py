@@ -11,7 +11,9 @@ Measured in the same run on the same wire bytes, on CPU time of this process (so
 load on the machine matters less), best of ``--repeats``:
 
 * **parse-only**: ``ExportTraceServiceRequest.FromString`` (upb), nothing read: the floor;
-* **coeffd**: ``Decoder.decode_bytes``: wire bytes → records (what the receivers do);
+* **coeffd**: ``Decoder.decode_bytes``: wire bytes → records (what the receivers do),
+  with the compiled decoder when it is built;
+* **pure Python**: ``Decoder(native=False)``, the fallback (and the decoder before C);
 * **MessageToDict**: ``FromString`` → ``json_format.MessageToDict`` → walk the dicts in
   Python → the same records.
 
@@ -381,9 +383,11 @@ def _check_same(decoder: Decoder, bodies: list[bytes]) -> int:
 
 
 def _rates(decoder: Decoder, bodies: list[bytes], n: int, sec: float, rep: int) -> list[float]:
-    """Events per CPU second: upb parse-only, coeffd, the ``MessageToDict`` baseline."""
+    """Events per CPU second: upb parse-only, coeffd, coeffd's pure-Python decoder (the
+    compiled one's fallback), the ``MessageToDict`` baseline."""
     parse = ExportTraceServiceRequest.FromString
     decode = decoder.decode_bytes
+    decode_py = Decoder(native=False).decode_bytes
 
     def parse_only() -> int:
         for data in bodies:
@@ -395,12 +399,17 @@ def _rates(decoder: Decoder, bodies: list[bytes], n: int, sec: float, rep: int) 
             decode(data)
         return n
 
+    def pure() -> int:
+        for data in bodies:
+            decode_py(data)
+        return n
+
     def base() -> int:
         for data in bodies:
             baseline_decode(data)
         return n
 
-    return [_cpu_rate(fn, sec, rep) for fn in (parse_only, ours, base)]
+    return [_cpu_rate(fn, sec, rep) for fn in (parse_only, ours, pure, base)]
 
 
 def _mutate(rng: random.Random, seed: bytes) -> bytes:
@@ -475,9 +484,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     decoder = Decoder()
     print(f"decoder: {'compiled extension' if decoder.native else 'pure Python'}")
-    head = ("parse-only", "coeffd", "MessageToDict", "of parse", "x MTD")
-    print(f"{'workload (events/s per CPU s)':38s}" + "".join(f"{h:>14s}" for h in head))
-    seconds = [0.0, 0.0, 0.0]  # per event, summed over workloads of equal weight
+    head = ("parse-only", "coeffd", "pure Python", "MessageToDict", "of parse", "x MTD")
+    print(f"{'workload (events/s per CPU s)':37s}" + "".join(f"{h:>14s}" for h in head))
+    seconds = [0.0] * 4  # per event, summed over workloads of equal weight
     ok = True
     for name, bodies in _workloads(random.Random(42)).items():
         n = _check_same(decoder, bodies)
@@ -498,10 +507,10 @@ _OF_PARSE = 0.25
 _OF_MTD = 25.0
 
 
-def _row(name: str, parse: float, ours: float, base: float) -> bool:
+def _row(name: str, parse: float, ours: float, pure: float, base: float) -> bool:
     ok = ours >= _OF_PARSE * parse and ours >= _OF_MTD * base
     print(
-        f"{name:38s}{parse:14,.0f}{ours:14,.0f}{base:14,.0f}{ours / parse:14.1%}"
+        f"{name:37s}{parse:14,.0f}{ours:14,.0f}{pure:14,.0f}{base:14,.0f}{ours / parse:14.1%}"
         f"{ours / base:13.1f}x{'' if ok else '  MISSED'}"
     )
     return ok
