@@ -300,8 +300,8 @@ def _wire_kind(
 def wire_plan() -> tuple[Any, ...]:
     """The kinds above as the compiled decoder (``_wire.c``) reads them: the same keys,
     types, record constructors and checks as the generated parsers, in nested tuples
-    (``_wire.compile_plan`` documents the layout). The test of the two decoders'
-    equality (``tests/receivers/otlp``) keeps them in step."""
+    (``_wire.c``'s ``compile_plan`` reads the layout). ``tests/receivers/
+    test_native_decode.py`` keeps the two decoders in step."""
     api = tuple(_wire_kind("api." + k.value, rec.ApiEvent, _API_FIELDS, k) for k in rec.ApiKind)
     journey = tuple(
         _wire_kind("journey." + k.value, rec.JourneyEvent, _JOURNEY_FIELDS, k,
@@ -313,16 +313,16 @@ def wire_plan() -> tuple[Any, ...]:
         _wire_kind("step.REQUEST_SNAPSHOT", rec.RequestSnapshot, _SNAPSHOT_FIELDS),
     )
     scopes = (
-        (SCOPE_API, "llm_request", False,
+        (SCOPE_API, False,
          _wire_kind("llm_request", rec.RequestSpan, _REQUEST_SPAN_FIELDS, status=True), api),
-        (SCOPE_SCHEDULER, "llm_core", False,
+        (SCOPE_SCHEDULER, False,
          _wire_kind("llm_core", rec.CoreSpan, _CORE_SPAN_FIELDS), journey),
-        (SCOPE_STEP, "scheduler_steps_", True,
+        (SCOPE_STEP, True,
          _wire_kind("scheduler_steps_", rec.StepSpan, _STEP_SPAN_FIELDS), step),
     )  # fmt: skip
     reasons = ("ids", "range:span_time", "range:timeUnixNano", "parent_rejected")
     return (
         rec.SpanInfo,
         reasons,
-        tuple((s.encode(), s, int(prefix), span, ev) for s, _, prefix, span, ev in scopes),
+        tuple((s.encode(), s, int(prefix), span, ev) for s, prefix, span, ev in scopes),
     )
