@@ -10,7 +10,8 @@ DEV     := $(VENV)/.installed-dev
 
 .PHONY: setup run demo test lint typecheck pytest bench clean
 
-$(RUNTIME): pyproject.toml
+# The install builds the compiled OTLP decoder too: reinstall when its source changes.
+$(RUNTIME): pyproject.toml setup.py coeffd/receivers/otlp/_wire.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e .
