@@ -31,6 +31,9 @@ it is sent. So nothing is a duplicate, the daemon's live clock sees current data
 its window behaves as in production: 30,000 events/s is ~240 engines.
 
 Targets: ≥ 150,000 events/s, p99 freshness ≤ 1 s at half load, RSS ≤ 150 MB (100 configs).
+
+``--sampling default`` sizes a fleet instead: engines per core learned with nothing shed
+at vLLM's default sampling, beside a baseline revision's daemon (``bench/_fleetsize.py``).
 """
 
 from __future__ import annotations
@@ -572,7 +575,27 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("--base", default=None, help="--part http: the commit to compare with")
     p.add_argument("--rounds", type=int, default=2, help="--part http: alternations")
+    p.add_argument(
+        "--sampling",
+        choices=("dense", "default"),
+        default="dense",
+        help="dense: events/s with every step sampled (the parts above); default: engines "
+        "per core at vLLM's default sampling with nothing shed (bench/_fleetsize.py)",
+    )
+    p.add_argument(
+        "--baseline-rev",
+        default="7e2957b",
+        help="--sampling default: the revision whose daemon is measured beside ('none': skip)",
+    )
+    p.add_argument(
+        "--start", type=int, default=8, help="--sampling default: engines at the first level"
+    )
+    p.add_argument("--bisect", type=int, default=3, help="--sampling default: bisections")
     args = p.parse_args(argv)
+    if args.sampling == "default":
+        from bench import _fleetsize
+
+        return _fleetsize.main(args)
     levels = [10e3, 20e3, 40e3, 60e3, 80e3, 100e3, 120e3, 135e3, 150e3, 175e3, 200e3, 250e3, 300e3]
     coarse = [20e3, 40e3, 60e3, 70e3, 80e3, 90e3, 100e3, 120e3, 150e3, 175e3, 200e3]
     if args.quick:
