@@ -27,6 +27,7 @@ from coeffd.daemon.commands.replay import replay_settings, run_replay
 from coeffd.daemon.learning import LearningConsumer
 from coeffd.daemon.publish.snapshot import coeffd_version
 from coeffd.daemon.settings import Settings, load_settings
+from coeffd.receivers.otlp import native
 from coeffd.simfleet import SampleRates, run
 
 
@@ -137,6 +138,7 @@ def test_build_info_process_collector_and_no_created_series(scrapes: dict[str, A
     build = [s for s in samples if s.name == "coeffd_build_info"]
     assert len(build) == 1 and build[0].value == 1.0
     assert build[0].labels["version"] == coeffd_version()
+    assert build[0].labels["otlp_decoder"] == ("compiled" if native.AVAILABLE else "python")
     names = {s.name for s in samples}
     assert {"process_cpu_seconds_total", "process_resident_memory_bytes"} <= names
     assert not [n for n in names if n.endswith("_created")]

@@ -162,6 +162,13 @@ def test_dockerfile_is_multistage_nonroot_with_the_documented_entrypoint() -> No
     build_runs = " ".join(rest for op, rest in instrs if op == "RUN")
     assert "pip wheel --no-deps" in build_runs and "coeffd-*.whl" in build_runs
     assert "[dev]" not in build_runs and "[test]" not in build_runs
+    # the compiled OTLP decoder is built (a compiler in the builder only, setup.py copied)
+    # and checked importable, so the image never quietly ships the pure-Python fallback
+    builder = instrs[: [i for i, (op, _) in enumerate(instrs) if op == "FROM"][1]]
+    builder_runs = " ".join(rest for op, rest in builder if op == "RUN")
+    assert "gcc" in builder_runs and "n.AVAILABLE" in builder_runs
+    assert not any("gcc" in rest for op, rest in runtime if op == "RUN")
+    assert any("setup.py" in rest for op, rest in builder if op == "COPY")
     exposed = {int(p) for op, rest in runtime if op == "EXPOSE" for p in rest.split()}
     d = Settings()
     ports = {int(e.rsplit(":", 1)[1]) for e in (d.receivers.otlp_grpc.endpoint, d.http.endpoint)}
