@@ -30,7 +30,7 @@ import importlib
 import importlib.util
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -150,15 +150,46 @@ class DriftMonitor:
 
     def update(self, z: float, n: int) -> bool:
         """Feed one standardised residual; ``n`` is the learner's observation index."""
-        self._seen += 1
-        if self._seen <= self.grace:
-            # The learner is still converging (from its prior, or after an alarm): those
-            # residuals shrink by design, and a window holding them would later "detect"
-            # the convergence itself. The detector's window starts once it has settled.
-            return False
-        self._det.update(float(z))
-        if not self._det.drift_detected:
-            return False
+        return self.update_many([z], n) == 0
+
+    def update_many(self, z: Sequence[float] | npt.NDArray[np.float64], start: int) -> int:
+        """Feed residuals of rows ``start, start+1, …``; index within ``z`` of the first alarm or −1.
+
+        The same as :meth:`update` row by row, in one loop: every learner feeds each of
+        its rows here, so the detector is called directly and the grace rows are skipped
+        by counting.
+        """
+        values = z.tolist() if isinstance(z, np.ndarray) else z
+        first = -1
+        i, n = 0, len(values)
+        while i < n:
+            if self._seen < self.grace:
+                # The learner is still converging (from its prior, or after an alarm):
+                # those residuals shrink by design, and a window holding them would later
+                # "detect" the convergence itself. The detector's window starts once it
+                # has settled.
+                skip = min(self.grace - self._seen, n - i)
+                self._seen += skip
+                i += skip
+                continue
+            det = self._det
+            update = det.update
+            hit = -1
+            for j in range(i, n):
+                update(float(values[j]))
+                if det.drift_detected:
+                    hit = j
+                    break
+            if hit < 0:
+                self._seen += n - i
+                break
+            self._alarm(start + hit)
+            if first < 0:
+                first = hit
+            i = hit + 1
+        return first
+
+    def _alarm(self, n: int) -> None:
         self.detections += 1
         ev = DriftEvent(
             n=n,
@@ -173,15 +204,6 @@ class DriftMonitor:
         )
         self._det = self._make()
         self._seen = 0
-        return True
-
-    def update_many(self, z: npt.NDArray[np.float64], start: int) -> int:
-        """Feed residuals of rows ``start, start+1, …``; index within ``z`` of the first alarm or −1."""
-        first = -1
-        for i, v in enumerate(z.tolist()):
-            if self.update(v, start + i) and first < 0:
-                first = i
-        return first
 
     def clone(self) -> DriftMonitor:
         return DriftMonitor(

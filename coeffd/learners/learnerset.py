@@ -30,8 +30,8 @@ from coeffd.learners.evaluation import (
 )
 from coeffd.learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA, TERM_NAMES, BlisBasis
 from coeffd.learners.features.config import ServingConfig
-from coeffd.learners.features.extended import extended_terms
-from coeffd.learners.features.observe import has_requests, kv_bytes_per_block, step_features
+from coeffd.learners.features.observe import has_requests, kv_bytes_per_block
+from coeffd.learners.features.rows import step_rows
 from coeffd.learners.rls import RLSRegressor
 from coeffd.learners.steady import STEADY, SteadyEstimator, identified_fit, term_sources
 from coeffd.learners.targets import ALPHA_STEADY, ALPHA_TARGETS, STEADY_TWINS, make_learner
@@ -240,35 +240,27 @@ class LearnerSet:
             return []
         beta = self.learner("beta")
         ev = self.settings.evaluation
-        xs: list[FloatArray] = []
-        ys: list[float] = []
-        regimes: list[str] = []
-        xes: list[FloatArray | None] = []
-        for obs in steps:
-            y = float(obs.period_us)
-            x = step_features(obs, self.basis, block_size=self.config.block_size)
-            if not (math.isfinite(y) and y > 0 and np.all(np.isfinite(x))):
-                beta.n_rejected += 1
-                continue
-            agg = obs.aggregates
-            regimes.append(
-                step_regime(
-                    agg.prefill_tokens,
-                    agg.decode_tokens,
-                    agg.kv_usage_gpu_ratio,
-                    heavy_fraction=ev.heavy_fraction,
-                    kv_saturated=ev.kv_saturated,
-                )
-            )
-            xs.append(x)
-            ys.append(y)
-            if self.settings.extended:
-                xe = np.concatenate([x, extended_terms(obs, self.basis, self.config)])
-                xes.append(xe if np.all(np.isfinite(xe)) else None)
-        if not ys:
+        x_all, xe_all = step_rows(steps, self.basis, self.config, extended=self.settings.extended)
+        y_all = np.array([obs.period_us for obs in steps], dtype=np.float64)
+        good = np.isfinite(x_all).all(axis=1) & np.isfinite(y_all) & (y_all > 0)
+        if not good.all():
+            beta.n_rejected += int((~good).sum())
+            steps = [obs for obs, ok in zip(steps, good.tolist(), strict=True) if ok]
+            x_all, y_all = x_all[good], y_all[good]
+            xe_all = None if xe_all is None else xe_all[good]
+        if not steps:
             return []
-        x_all = np.array(xs)
-        y_all = np.array(ys)
+        regimes = [
+            step_regime(
+                agg.prefill_tokens,
+                agg.decode_tokens,
+                agg.kv_usage_gpu_ratio,
+                heavy_fraction=ev.heavy_fraction,
+                kv_saturated=ev.kv_saturated,
+            )
+            for agg in (obs.aggregates for obs in steps)
+        ]
+        ys = y_all.tolist()
         if beta.drift is not None:
             beta.drift.clock_ns = steps[-1].start_mono_ns
         if self.settings.steady:
@@ -278,12 +270,13 @@ class LearnerSet:
         self._remember(x_all)
         default = x_all @ np.asarray(BLIS_DEFAULT_BETA)
         extended = np.full(len(ys), np.nan)
-        ok = [i for i, xe in enumerate(xes) if xe is not None]
-        if ok:
-            xe_all = np.array([xes[i] for i in ok])
-            extended[ok] = self.learner("beta_extended").learn_many_prequential(
-                xe_all, y_all[ok], nonnegative=False
-            )
+        if xe_all is not None:
+            xe_all = np.concatenate([x_all, xe_all], axis=1)
+            ok = np.isfinite(xe_all).all(axis=1)
+            if ok.any():
+                extended[ok] = self.learner("beta_extended").learn_many_prequential(
+                    xe_all[ok], y_all[ok], nonnegative=False
+                )
         refit = self.baseline.learn_many_prequential(x_all, y_all)
         columns = {
             "learned": learned,

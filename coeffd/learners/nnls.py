@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from coeffd.learners.linalg import spd_solve
+
 __all__ = ["nnls_information"]
 
 FloatArray = npt.NDArray[np.float64]
@@ -21,11 +23,10 @@ FloatArray = npt.NDArray[np.float64]
 
 def _solve_spd(a: FloatArray, b: FloatArray) -> FloatArray:
     """Solve a small symmetric system; fall back to least squares when singular."""
-    try:
-        c = np.linalg.cholesky(a)
-        return np.asarray(np.linalg.solve(c.T, np.linalg.solve(c, b)), dtype=np.float64)
-    except np.linalg.LinAlgError:
+    x = spd_solve(a, b)
+    if x is None:
         return np.asarray(np.linalg.lstsq(a, b, rcond=None)[0], dtype=np.float64)
+    return x
 
 
 def nnls_information(
@@ -66,7 +67,7 @@ def nnls_information(
         # solve on the previous positive set and accept it if it satisfies the KKT
         # conditions — positive on the set, no descent direction off it.
         idx = np.flatnonzero(warm)
-        z = _solve_spd(a[np.ix_(idx, idx)], b[idx])
+        z = _solve_spd(a[idx[:, None], idx], b[idx])
         if np.all(z > 0):
             cand = np.zeros(n)
             cand[idx] = z
@@ -88,7 +89,7 @@ def nnls_information(
             iterations += 1
             z = np.zeros(n)
             idx = np.flatnonzero(passive)
-            z[idx] = _solve_spd(a[np.ix_(idx, idx)], b[idx])
+            z[idx] = _solve_spd(a[idx[:, None], idx], b[idx])
             if np.all(z[idx] > 0) or iterations >= limit:
                 theta = np.where(passive, np.maximum(z, 0.0), 0.0)
                 break

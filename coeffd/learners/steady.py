@@ -152,16 +152,24 @@ class SteadyEstimator:
         Rows are taken in pieces of at most ``refresh_every`` so a mode change (an alarm
         folds at chunk boundaries) takes effect at the next piece, as it would row by row.
         """
-        n = len(y)
+        xa = np.asarray(X, dtype=float)
+        ya = np.asarray(y, dtype=float)
+        finite = bool(np.isfinite(xa).all() and np.isfinite(ya).all())
+        ys = ya.tolist()
+        n = len(ys)
         out = np.empty(n)
         step = max(1, self.fast.refresh_every)
         i = 0
         while i < n:
             seg = slice(i, min(n, i + step))
-            pf = self.fast.learn_many_prequential(X[seg], y[seg], nonnegative=nonnegative)
-            ps = self.slow.learn_many_prequential(X[seg], y[seg], nonnegative=nonnegative)
+            if finite:  # validated once for the whole batch
+                pf = self.fast.prequential_finite(xa[seg], ys[seg], nonnegative=nonnegative)
+                ps = self.slow.prequential_finite(xa[seg], ys[seg], nonnegative=nonnegative)
+            else:
+                pf = self.fast.learn_many_prequential(xa[seg], ya[seg], nonnegative=nonnegative)
+                ps = self.slow.learn_many_prequential(xa[seg], ya[seg], nonnegative=nonnegative)
             out[seg] = ps if self.mode == STEADY else pf
-            self._compare(y[seg], pf, ps)
+            self._compare_rows(ys[seg], pf.tolist(), ps.tolist())
             i = seg.stop
         return out
 

@@ -272,6 +272,14 @@ class LearningConsumer:
         )
 
     # ---------------------------------------------------------------- learning
+    def learn(self, observations: Iterable[Observation], now: float) -> None:
+        """Learn the joiner's output (what :meth:`consume` and :meth:`tick` do with it):
+        route each observation to its configuration's learners, score, count."""
+        self._learn(observations, now)
+
+    def flush_metrics(self) -> None:
+        """Bring the learning metrics up to date (the tick does it)."""
+
     def _learn(self, observations: Iterable[Observation], now: float) -> None:
         resolved_any = False
         # Step observations come in bursts (a joiner sweep): each configuration's are

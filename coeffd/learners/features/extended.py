@@ -38,7 +38,7 @@ from coeffd.learners.features.config import ServingConfig
 from coeffd.learners.features.observe import kv_bytes_per_block
 from coeffd.records.observations import StepObservation
 
-__all__ = ["EXTENDED_INDEX", "EXTENDED_NAMES", "N_EXTENDED", "extended_terms"]
+__all__ = ["EXTENDED_INDEX", "EXTENDED_NAMES", "N_EXTENDED", "extended_row", "extended_terms"]
 
 EXTENDED_NAMES: tuple[str, ...] = (
     "kv_usage",
@@ -82,18 +82,31 @@ def extended_terms(
     if obs.more_batches:
         # state columns of one step do not add up over a span: no extended row
         return np.full(N_EXTENDED, np.nan)
-    agg = obs.aggregates
-    out = np.zeros(N_EXTENDED)
-    out[0] = agg.kv_usage_gpu_ratio
-    if agg.kv_blocks_total_gpu > 0:
-        out[1] = agg.kv_blocks_free_gpu / agg.kv_blocks_total_gpu
-    out[2] = agg.num_preempted
-    out[3] = agg.waiting_depth
     tokens, chunks = _tokens(obs)
-    out[4] = chunks
-    if config.max_num_batched_tokens:
-        out[5] = agg.scheduled_tokens / config.max_num_batched_tokens
+    return np.array(extended_row(obs, basis, config, tokens, chunks), dtype=np.float64)
 
+
+def extended_row(
+    obs: StepObservation, basis: BlisBasis, config: ServingConfig, tokens: float, chunks: int
+) -> list[float]:
+    """:func:`extended_terms` of a single-batch step whose tokens through the model and
+    partial prefill chunks are known (:func:`features.rows.step_rows` counts them in its
+    pass over the requests), as a list: the same values, no array per row."""
+    agg = obs.aggregates
+    total = agg.kv_blocks_total_gpu
+    budget = config.max_num_batched_tokens
+    out = [
+        float(agg.kv_usage_gpu_ratio),
+        agg.kv_blocks_free_gpu / total if total > 0 else 0.0,
+        float(agg.num_preempted),
+        float(agg.waiting_depth),
+        float(chunks),
+        agg.scheduled_tokens / budget if budget else 0.0,
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+    ]
     hw = basis.hw
     model = basis.model
     if obs.kv_transfers and hw.host_bytes_per_us > 0:
