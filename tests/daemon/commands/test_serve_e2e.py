@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from serve_support import ROOT, Daemon, start_daemon, wait_quiet
+from serve_support import ROOT, Daemon, start_daemon, wait_drained
 
 from coeffd.daemon.commands.demo import noise_floor
 from coeffd.daemon.publish.snapshot import validate_for_blis
@@ -39,7 +39,12 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Daemon, RunResult, Path, int]:
-    """One fleet run into one daemon, shared by the assertions below; stopped by SIGTERM."""
+    """One fleet run into one daemon, shared by the assertions below; stopped by SIGTERM.
+
+    The API and ``/metrics`` are read once the queue is drained; the joiner then still
+    holds each engine's last ``joiner.window_s`` (30 s) of data, which the SIGTERM
+    flushes, learns and publishes (waiting for the live clock to finalize it was ~35 s
+    of an idle daemon). Engines drain 5 simulated s after arrivals stop (was 30)."""
     tmp = tmp_path_factory.mktemp("fleet")
     d = start_daemon(
         tmp, "--kv-endpoint", "tcp://127.0.0.1:*", "--set", "kv.bind=true",
@@ -55,8 +60,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Daemon, RunResult, 
             kv_endpoint=d.ports["kv"][0],
             max_events=100_000,
             record_steps=True,
+            drain_s=5.0,
         )
-        wait_quiet(d)
+        wait_drained(d)
         d.metrics_before_stop = d.scrape()  # type: ignore[attr-defined]
         api = {
             "configurations": d.get("/v1/configurations"),
