@@ -310,6 +310,10 @@ def _structure_cases() -> Iterable[bytes]:
         resource=b"",
     )
     yield request() + ld(1, b"")
+    # more attributes than the walker reads in one pass (64), the needed ones last
+    many = [(f"x.{i}", i) for i in range(70)]
+    yield steps(event("step.BATCH_SUMMARY", [*many, *summary(step=9).items(), ("step.id", 1.5)]))
+    yield core(event("journey.QUEUED", [*many, *journey().items()]))
     # several resources and scopes in one request
     yield core(ok_j) + steps(ok_s) + api(event("api.ARRIVED", {"event.ts.monotonic": 1.5}))
 

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #define MAX_FIELDS 32
+#define MAX_ENTRIES 64 /* attributes of an event read in one pass; more take two */
 #define MAX_NS_U ((uint64_t)INT64_MAX)
 #define MAX_COUNT_U ((uint64_t)1 << 48)
 
@@ -46,10 +47,17 @@ typedef struct {
     Py_ssize_t len;
 } Field;
 
-static inline int
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE int
 read_varint(const uint8_t **pp, const uint8_t *end, uint64_t *out)
 {
     const uint8_t *p = *pp;
+    if (p < end && *p < 0x80) { /* tags, lengths and most values: one byte */
+        *out = *p;
+        *pp = p + 1;
+        return 0;
+    }
     uint64_t v = 0;
     for (int shift = 0; shift < 70; shift += 7) {
         if (p >= end)
@@ -75,7 +83,7 @@ le64(const uint8_t *p)
 }
 
 /* 1: a field read into *f; 0: end of message; -1: malformed or a group. */
-static inline int
+INLINE int
 next_field(const uint8_t **pp, const uint8_t *end, Field *f)
 {
     if (*pp >= end)
@@ -350,7 +358,7 @@ count_reason(Ctx *c, PyObject *reason, long long n)
 static int
 read_any(const uint8_t *p, const uint8_t *end, Slot *s)
 {
-    Field f;
+    Field f = {0};
     int r;
     while ((r = next_field(&p, end, &f)) == 1) {
         switch (f.num) {
@@ -380,46 +388,55 @@ read_any(const uint8_t *p, const uint8_t *end, Slot *s)
     return r < 0 ? D_FALLBACK : D_OK;
 }
 
+/* Read one encoded key/value entry into the slot of its key, if ``k`` has it (a later
+ * entry of a key replaces an earlier one, as in a protobuf map). ``hint``: the slot to
+ * try first, since keys usually arrive in the plan's order. */
+static int
+read_entry(const uint8_t *q, const uint8_t *qend, const KindSpec *k, int nslots, Slot *slots,
+           int *hint)
+{
+    Field g = {0};
+    const uint8_t *key = (const uint8_t *)"";
+    Py_ssize_t klen = 0;
+    Slot v = {0};
+    int r;
+    while ((r = next_field(&q, qend, &g)) == 1) {
+        if (g.wt != WT_LEN || g.num > 2)
+            return D_FALLBACK;
+        if (g.num == 1) {
+            key = g.p;
+            klen = g.len;
+        }
+        else if (read_any(g.p, g.p + g.len, &v))
+            return D_FALLBACK;
+    }
+    if (r < 0)
+        return D_FALLBACK;
+    for (int n = 0, i = *hint; n < nslots; n++, i = i + 1 == nslots ? 0 : i + 1) {
+        const FieldSpec *fs = &k->fields[i];
+        if (fs->klen == klen && memcmp(fs->key, key, klen) == 0) {
+            slots[i] = v;
+            *hint = i + 1 == nslots ? 0 : i + 1;
+            break;
+        }
+    }
+    return D_OK;
+}
+
 /* Read the key/value entries (field ``num`` of the message at p..end) into the slots
- * of ``k``'s keys; later entries of a key replace earlier ones, as in a protobuf map. */
+ * of ``k``'s keys. */
 static int
 read_attrs(const uint8_t *p, const uint8_t *end, uint32_t num, const KindSpec *k,
            int nslots, Slot *slots)
 {
-    Field f, g;
+    Field f = {0};
     int r, hint = 0;
     memset(slots, 0, sizeof(Slot) * nslots);
     while ((r = next_field(&p, end, &f)) == 1) {
         if (f.num != num)
             continue;
-        if (f.wt != WT_LEN)
+        if (f.wt != WT_LEN || read_entry(f.p, f.p + f.len, k, nslots, slots, &hint))
             return D_FALLBACK;
-        const uint8_t *q = f.p, *qend = f.p + f.len, *key = (const uint8_t *)"";
-        Py_ssize_t klen = 0;
-        Slot v = {0};
-        int r2;
-        while ((r2 = next_field(&q, qend, &g)) == 1) {
-            if (g.wt != WT_LEN || g.num > 2)
-                return D_FALLBACK;
-            if (g.num == 1) {
-                key = g.p;
-                klen = g.len;
-            }
-            else if (read_any(g.p, g.p + g.len, &v))
-                return D_FALLBACK;
-        }
-        if (r2 < 0)
-            return D_FALLBACK;
-        /* keys usually arrive in the plan's order: try the next one first */
-        for (int n = 0; n < nslots; n++) {
-            int i = (hint + n) % nslots;
-            const FieldSpec *fs = &k->fields[i];
-            if (fs->klen == klen && memcmp(fs->key, key, klen) == 0) {
-                slots[i] = v;
-                hint = i + 1;
-                break;
-            }
-        }
     }
     return r < 0 ? D_FALLBACK : D_OK;
 }
@@ -651,13 +668,23 @@ static int
 decode_event(Ctx *c, const ScopeSpec *sc, PyObject *info, const uint8_t *p,
              const uint8_t *end, int *flagged)
 {
-    Field f;
-    int r;
-    const uint8_t *name = (const uint8_t *)"", *body = p;
-    Py_ssize_t nlen = 0;
+    Field f = {0};
+    int r, nents = 0;
+    const uint8_t *name = (const uint8_t *)"", *body = p, *ents[MAX_ENTRIES];
+    Py_ssize_t nlen = 0, lens[MAX_ENTRIES];
     uint64_t wall = 0;
+    /* one pass: the name says which keys to read, the entries are read after it */
     while ((r = next_field(&p, end, &f)) == 1) {
-        if (f.num == 1) {
+        if (f.num == 3) {
+            if (f.wt != WT_LEN)
+                return D_FALLBACK;
+            if (nents < MAX_ENTRIES) {
+                ents[nents] = f.p;
+                lens[nents] = f.len;
+            }
+            nents++;
+        }
+        else if (f.num == 1) {
             if (f.wt != WT_I64)
                 return D_FALLBACK;
             wall = f.v;
@@ -685,7 +712,14 @@ decode_event(Ctx *c, const ScopeSpec *sc, PyObject *info, const uint8_t *p,
     if (wall == 0 || wall > MAX_NS_U)
         return reject_event(c, c->plan->r_wall, flagged);
     Slot slots[MAX_FIELDS + 1];
-    int rc = read_attrs(body, end, 3, k, k->nfields + k->fallback, slots);
+    int rc = D_OK, nslots = k->nfields + k->fallback, hint = 0;
+    if (nents > MAX_ENTRIES)
+        rc = read_attrs(body, end, 3, k, nslots, slots);
+    else {
+        memset(slots, 0, sizeof(Slot) * nslots);
+        for (int i = 0; i < nents && rc == D_OK; i++)
+            rc = read_entry(ents[i], ents[i] + lens[i], k, nslots, slots, &hint);
+    }
     if (rc != D_OK)
         return rc;
     PyObject *reason = NULL, *step = NULL;
@@ -726,7 +760,7 @@ typedef struct {
 static int
 read_status(const uint8_t *p, const uint8_t *end, int *code)
 {
-    Field f;
+    Field f = {0};
     int r;
     while ((r = next_field(&p, end, &f)) == 1) {
         if (f.num == 3) {
@@ -742,7 +776,7 @@ read_status(const uint8_t *p, const uint8_t *end, int *code)
 static int
 read_span_head(const uint8_t *p, const uint8_t *end, SpanHead *h)
 {
-    Field f;
+    Field f = {0};
     int r;
     memset(h, 0, sizeof(*h));
     h->trace = h->span = h->parent = h->name = (const uint8_t *)"";
@@ -848,10 +882,10 @@ decode_span(Ctx *c, const ScopeSpec *sc, PyObject *source, const uint8_t *p,
     clear_args(args, 1, 1 + k->nfields);
     if (rc == D_OK) {
         c->dropped_upstream += (long long)h.dropped;
-        Field f;
+        Field f = {0};
         int r, flagged = 0;
         while (rc == D_OK && (r = next_field(&p, end, &f)) == 1)
-            if (f.num == 11)
+            if (f.num == 11 && f.wt == WT_LEN) /* read_span_head saw no other wire type */
                 rc = decode_event(c, sc, info, f.p, f.p + f.len, &flagged);
     }
     Py_DECREF(info);
@@ -862,7 +896,7 @@ decode_span(Ctx *c, const ScopeSpec *sc, PyObject *source, const uint8_t *p,
 static int
 count_items(const uint8_t *p, const uint8_t *end, long long *n)
 {
-    Field f, g;
+    Field f = {0}, g = {0};
     int r, r2;
     while ((r = next_field(&p, end, &f)) == 1) {
         if (f.num != 2)
@@ -884,7 +918,7 @@ static int
 singular(const uint8_t *p, const uint8_t *end, uint32_t num, const uint8_t **out,
          Py_ssize_t *len)
 {
-    Field f;
+    Field f = {0};
     int r, seen = 0;
     *out = NULL;
     *len = 0;
@@ -904,7 +938,7 @@ decode_scope_spans(Ctx *c, PyObject *source, const uint8_t *p, const uint8_t *en
 {
     const uint8_t *scope, *name = (const uint8_t *)"";
     Py_ssize_t slen, nlen = 0;
-    Field f;
+    Field f = {0};
     int r = 0, rc = singular(p, end, 1, &scope, &slen);
     if (rc != D_OK)
         return rc;
@@ -968,7 +1002,7 @@ decode_resource_spans(Ctx *c, const uint8_t *p, const uint8_t *end)
             return D_ERR;
         }
     }
-    Field f;
+    Field f = {0};
     while (rc == D_OK && (r = next_field(&p, end, &f)) == 1) {
         if (f.num != 2)
             continue;
@@ -1009,7 +1043,7 @@ decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Ctx c = {plan, PyList_New(0), args[5], args[2], args[3], args[4], 0, 0, 0, 0, 0};
     int rc = c.records ? D_OK : D_ERR, r = 0;
     const uint8_t *p = buf.buf, *end = p + buf.len;
-    Field f;
+    Field f = {0};
     while (rc == D_OK && (r = next_field(&p, end, &f)) == 1) {
         if (f.num != 1)
             continue;
@@ -1036,7 +1070,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_wire", "OTLP wire bytes to coeffd records (see _wire.c).", -1,
-    methods,
+    methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC
