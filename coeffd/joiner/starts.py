@@ -233,9 +233,14 @@ class StepStarts:
         s = self.summaries.get(n)
         if s is not None:
             return pinned.Pin(n, float(s.start_mono_ns), 0.0)
+        an = self.anchors
+        if not (an[SCHED].get(n) or an[QUEUED].get(n - 1) or an[COMPL].get(n - 1 - a)):
+            return None  # most steps: nothing pins them (checked first: loop waits and
+            # journey spans ask this of every step of their ranges)
         present = self._pinning(n, a)
-        if not present:
-            return None  # most steps: nothing pins them
+        cal, m = self.cal, self.cfg.min_calibration
+        if all(cal.mean_var(typ, m) is None for typ, _ in present):
+            return None  # no estimate from uncalibrated types (nor bounds needed for it)
         bounds = self._intersect(present)
         if bounds is None or bounds[0] > bounds[1]:
             return None
@@ -294,17 +299,44 @@ class StepStarts:
         differ by a request or a few context tokens, so equal spacing is close, and its
         errors have no sign). The half-width grows with the distance to the pins."""
         limit = _INTERPOLATE_STEPS
-        lo = next((p for m in range(n - 1, n - limit, -1) if (p := self.point(m, a))), None)
+        lo = self._nearest(range(n - 1, n - limit, -1), a)
         if lo is None:
             return None
-        hi = next((p for m in range(n + 1, lo.step + limit) if (p := self.point(m, a))), None)
+        hi = self._nearest(range(n + 1, lo.step + limit), a)
         if hi is None or hi.t_ns <= lo.t_ns:
             return None
-        for m in range(lo.step - a, hi.step - a):
-            for life in self.lives.get(m >> BUCKET_BITS, ()):
-                if life.first <= m <= (life.first_token if life.first_token is not None else m):
-                    return None  # a prefill between: steps of unequal length
+        if self._prefill_between(lo.step - a, hi.step - a - 1):
+            return None  # a prefill between: steps of unequal length
         frac = (n - lo.step) / (hi.step - lo.step)
         gap = hi.t_ns - lo.t_ns
         half = lo.half_ns + frac * (hi.half_ns - lo.half_ns) + 0.02 * gap / (hi.step - lo.step)
         return pinned.Pin(n, lo.t_ns + frac * gap, half)
+
+    def _nearest(self, steps: range, a: int) -> pinned.Pin | None:
+        """The first of ``steps`` whose start is pinned (:meth:`point`), asking it only of
+        the steps a summary or a calibrated anchor type could pin: most have neither."""
+        summaries = self.summaries
+        # an anchor type not calibrated yet pins no point (point() needs one that is);
+        # that stays so until a point is found (only a found one cross-calibrates)
+        ok = [self.cal.mean_var(typ, self.cfg.min_calibration) is not None for typ in range(3)]
+        sched = self.anchors[SCHED] if ok[SCHED] else {}
+        queued = self.anchors[QUEUED] if ok[QUEUED] else {}
+        compl = self.anchors[COMPL] if ok[COMPL] else {}
+        for m in steps:
+            if m in summaries or sched.get(m) or queued.get(m - 1) or compl.get(m - 1 - a):
+                p = self.point(m, a)
+                if p is not None:
+                    return p
+        return None
+
+    def _prefill_between(self, lo: int, hi: int) -> bool:
+        """Whether a known request was in prefill (``first ≤ m ≤ first_token``; still
+        waiting for its first token: from ``first`` on) at a step ``m`` in ``lo..hi`` it
+        is indexed under: per 64-step bucket, not per step."""
+        for b in range(lo >> BUCKET_BITS, (hi >> BUCKET_BITS) + 1):
+            b_lo, b_hi = max(lo, b << BUCKET_BITS), min(hi, ((b + 1) << BUCKET_BITS) - 1)
+            for life in self.lives.get(b, ()):
+                end = b_hi if life.first_token is None else min(b_hi, life.first_token)
+                if max(b_lo, life.first) <= end:
+                    return True
+        return False
