@@ -62,19 +62,29 @@ def nnls_information(
     # Relative tolerance: the gradient scale is that of b (or of a if b is all zero).
     scale = max(float(np.max(np.abs(b), initial=0.0)), float(np.max(np.abs(a), initial=0.0)))
     eps = tol * (scale if scale > 0 else 1.0)
+    grad = b
     if warm is not None and warm.any():
         # Warm start (a streaming learner's active set rarely changes between updates):
-        # solve on the previous positive set and accept it if it satisfies the KKT
-        # conditions — positive on the set, no descent direction off it.
-        idx = np.flatnonzero(warm)
-        z = _solve_spd(a[idx[:, None], idx], b[idx])
-        if np.all(z > 0):
-            cand = np.zeros(n)
-            cand[idx] = z
-            g = b - a @ cand
-            if float(np.max(g[~warm], initial=-np.inf)) <= eps:
-                return cand
-    grad = b - a @ theta
+        # solve on the previous positive set, less the coordinates that come out
+        # non-positive, and accept it if it satisfies the KKT conditions — positive on
+        # the set, no descent direction off it. Otherwise Lawson–Hanson goes on from
+        # that feasible point rather than from zero: the optimum is unique and the
+        # result is the solve on its positive set either way, in fewer solves.
+        passive = warm.copy()
+        while True:
+            idx = np.flatnonzero(passive)
+            z = _solve_spd(a[idx[:, None], idx], b[idx])
+            keep = z > 0
+            if keep.all():
+                break
+            passive[idx[~keep]] = False
+            if not passive.any():
+                break
+        if passive.any():
+            theta[idx] = z
+            grad = b - a @ theta
+            if float(np.max(grad[~passive], initial=-np.inf)) <= eps:
+                return theta
     iterations = 0
     limit = max_iter if max_iter is not None else 3 * n + 10
     while iterations < limit:

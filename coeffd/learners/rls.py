@@ -41,6 +41,7 @@ every folded row; on an alarm the data information is scaled down with θ held i
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -338,8 +339,8 @@ class RLSRegressor(base.Regressor):
         >>> m.predict_prequential({"a": 1.0})
         0.0
         """
-        theta = self.prediction_coef(nonnegative)
-        return float(sum(float(theta[i]) * x.get(f, 0.0) for i, f in enumerate(self.features)))
+        theta = self.prediction_coef(nonnegative).tolist()
+        return float(sum(map(operator.mul, theta, map(x.get, self.features, self._zeros))))
 
     def learn_many_prequential(
         self, X: FloatArray, y: FloatArray, *, nonnegative: bool = True

@@ -134,6 +134,11 @@ class LearningConsumer:
         )
         self.records = 0
         self.observations = 0
+        # One observation at a time (finished requests, KV transfers) is counted here and
+        # put into the metric families at the tick (flush_metrics): a labelled counter's
+        # and a histogram's update cost more than learning the observation's α.
+        self._learned: dict[tuple[str, str], int] = {}
+        self._errors: dict[tuple[str, str, str], list[float]] = {}
         #: Whether :meth:`restore` found learner state of an earlier run.
         self.restored = False
         #: The fleet model (snapshot ``fleet``, ``/v1/predict``), refitted on its cadence.
@@ -236,6 +241,7 @@ class LearningConsumer:
         self.load.gauge_engines()
         self._learn(self.joiner.tick(int(now * 1e9) if self.live else None), now)
         self.load.count()
+        self.flush_metrics()
         self.publisher.publish_due(now)
         self.publisher.publish_fleet(now)
         if self.checkpointer.due(now):
@@ -251,6 +257,7 @@ class LearningConsumer:
         self.load.steer()
         self._learn(self.joiner.flush(), now)
         self.load.count()
+        self.flush_metrics()
         self.publisher.publish_due(now, force=True)
         self.publisher.publish_fleet(now, force=True)
         if self.records:
@@ -278,7 +285,14 @@ class LearningConsumer:
         self._learn(observations, now)
 
     def flush_metrics(self) -> None:
-        """Bring the learning metrics up to date (the tick does it)."""
+        """Bring the learning metrics up to date with what was learned one observation at
+        a time since the last call (each tick and :meth:`close` do)."""
+        for (cid, target), n in self._learned.items():
+            self.metrics.learner_observations.labels(cid, target).inc(n)
+        self._learned.clear()
+        for key, values in self._errors.items():
+            self.metrics.relative_error.observe_many(key, np.array(values))
+        self._errors.clear()
 
     def _learn(self, observations: Iterable[Observation], now: float) -> None:
         resolved_any = False
@@ -346,14 +360,18 @@ class LearningConsumer:
             self._learn(ready, now)
 
     def _record(self, cid: str, s: Scored) -> None:
-        self.metrics.learner_observations.labels(cid, s.target).inc()
+        key = (cid, s.target)
+        self._learned[key] = self._learned.get(key, 0) + 1
         y = s.y
         if not (y > 0 and math.isfinite(y)):
             return
         for source, yhat in s.predictions.items():
             if source not in SOURCES or yhat is None or not math.isfinite(yhat):
                 continue
-            self.metrics.relative_error.observe((cid, s.target, source), abs(y - yhat) / y)
+            errors = self._errors.get((cid, s.target, source))
+            if errors is None:
+                errors = self._errors[(cid, s.target, source)] = []
+            errors.append(abs(y - yhat) / y)
 
     def _record_steps(self, cid: str, scored: list[Scored]) -> None:
         """:meth:`_record` for a batch of step scores (one histogram update per source)."""

@@ -111,7 +111,7 @@ class ServeMetrics:
             self.relative_error = BatchHistogram(
                 "coeffd_prediction_relative_error_ratio",
                 "|measured - predicted| / measured of every observation, predicted before "
-                "learning.",
+                "learning (brought up to date at each tick of the pipeline worker).",
                 ["config", "target", "coefficients"],
                 ERROR_HISTOGRAM_BUCKETS[error_histograms],
                 registry,
@@ -138,7 +138,8 @@ class ServeMetrics:
         self.coefficient = _CoefficientGauge(registry)
         self.learner_observations = Counter(
             "coeffd_learner_observations_total",
-            "Observations learned, per configuration and target.",
+            "Observations learned, per configuration and target (brought up to date at each "
+            "tick of the pipeline worker).",
             ["config", "target"],
             registry=registry,
         )
