@@ -73,10 +73,6 @@ class TlsDoor:
         self._silent: dict[socket.socket, _Held] = {}
         self._shaking: dict[socket.socket, _Held] = {}
 
-    def pending(self) -> int:
-        """Connections not through their handshake (silent or handshaking)."""
-        return len(self._silent) + len(self._shaking)
-
     # ---------------------------------------------------------------- accepting
 
     def open(
@@ -113,11 +109,8 @@ class TlsDoor:
                 return  # another loop took it, or the queue is empty
             except OSError as e:  # EMFILE/ENFILE/ENOBUFS: wait instead of spinning
                 log.warning("accept failed; pausing", error=str(e), seconds=ACCEPT_PAUSE)
-                fd = listener.fileno()
-                loop.remove_reader(fd)
-                loop.call_later(
-                    ACCEPT_PAUSE, loop.add_reader, fd, self._accept, loop, listener, factory
-                )
+                loop.remove_reader(listener.fileno())
+                loop.call_later(ACCEPT_PAUSE, self._resume, loop, listener, factory)
                 return
             sock.setblocking(False)
             peer = str(addr[0]) if isinstance(addr, tuple) and addr else ""
@@ -125,6 +118,15 @@ class TlsDoor:
                 self._silent[sock] = _Held(time.monotonic(), loop, peer)
             loop.add_reader(sock.fileno(), self._first_bytes, loop, sock, factory)
             self._over_cap()
+
+    def _resume(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        listener: socket.socket,
+        factory: Callable[[], asyncio.BaseProtocol],
+    ) -> None:
+        if listener.fileno() != -1:  # not closed meanwhile (stopping)
+            loop.add_reader(listener.fileno(), self._accept, loop, listener, factory)
 
     def _first_bytes(
         self,
@@ -139,6 +141,8 @@ class TlsDoor:
             return  # cut meanwhile
         try:
             closed = sock.recv(1, socket.MSG_PEEK) == b""
+        except BlockingIOError:  # a spurious wake-up: the handshake waits for the bytes
+            closed = False
         except OSError:
             closed = True
         if closed:  # gone before its first byte: no TLS machinery for it
