@@ -20,21 +20,25 @@ pytestmark = pytest.mark.slow
 
 CADENCE_S = 0.2
 TICK_S = 0.05
+#: Snapshot retention: pruning runs from version RETENTION + 1 on.
+RETENTION = 5
+#: Versions written before the kill: pruning has run twice.
+VERSIONS = RETENTION + 2
 # Write on every tick: snapshots whenever anything moved, checkpoints every CADENCE_S.
 HEAVY = (
     "--set", "publish.interval_seconds=0.01", "--set", "publish.relative_threshold=0.000001",
     "--set", "publish.min_observations=1", "--set", f"state.checkpoint_interval_seconds={CADENCE_S}",
-    "--set", f"pipeline.tick_interval_seconds={TICK_S}", "--set", "publish.retention=5",
+    "--set", f"pipeline.tick_interval_seconds={TICK_S}", "--set", f"publish.retention={RETENTION}",
     "--set", "joiner.window_s=1",
 )  # fmt: skip
 RATES = SampleRates(1.0, 0.5, 0.05, 100)
 
 
 def _feed(d: Daemon, seconds: float, seed: int) -> None:
-    # Real time, so the daemon's live clock finalizes the last steps (joiner window) before
-    # the test reads its metrics.
+    # 4x real time: the joiner finishes an idle source's last window (joiner.window_s=1)
+    # on the receiver's clock, so wait_quiet sees every step learned before the scrape.
     run("steady", seconds, seed, rates=RATES, otlp_endpoint=f"127.0.0.1:{d.ports['otlp_grpc']}",
-        max_events=100_000, speed=1.0, drain_s=1.0)  # fmt: skip
+        max_events=100_000, speed=4.0, drain_s=1.0)  # fmt: skip
 
 
 def _observations(store: SnapshotStore) -> dict[str, int]:
@@ -46,7 +50,12 @@ def _observations(store: SnapshotStore) -> dict[str, int]:
     return out
 
 
-def test_kill_9_during_heavy_writes_then_restart(tmp_path: Path) -> None:
+def test_kill_9_during_heavy_writes_then_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The feed, stopped at the kill, flushes into the dead daemon: its exporter retries
+    # each batch until this deadline (the SDK's default, 10 s, was most of the test's end).
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "3")
     d = start_daemon(tmp_path, *HEAVY)
     thread, stop, _ = run_in_thread(
         "steady", 600, 5, rates=RATES, otlp_endpoint=f"127.0.0.1:{d.ports['otlp_grpc']}",
@@ -58,8 +67,8 @@ def test_kill_9_during_heavy_writes_then_restart(tmp_path: Path) -> None:
         _crash_and_restart(d, stop, store, ckpt, tmp_path)
     finally:
         # The feed, stopped at the kill, flushes into the dead daemon: its exporter retries
-        # until it gives up (~15 s). It does so while the restarted daemon (on newly bound
-        # ports) learns, instead of before; by here it has (nearly) finished.
+        # until it gives up (OTEL_EXPORTER_OTLP_TRACES_TIMEOUT). It does so while the
+        # restarted daemon (on newly bound ports) learns, instead of before.
         stop.set()
         thread.join(30)
 
@@ -69,10 +78,10 @@ def _crash_and_restart(
 ) -> None:
     try:
         deadline = time.monotonic() + 120
-        # Heavy writing is under way: several versions and a checkpoint exist.
+        # Heavy writing is under way: retention has pruned versions, two checkpoints exist.
         while not (
             store.configurations()
-            and max(store.versions(store.configurations()[0]) or [0]) >= 10
+            and max(store.versions(store.configurations()[0]) or [0]) >= VERSIONS
             and ckpt.latest_path.exists()
             and ckpt.previous_path.exists()
         ):

@@ -8,7 +8,7 @@ import shutil
 import time
 from pathlib import Path
 
-from serve_support import start_daemon, wait_quiet
+from serve_support import start_daemon, wait_drained
 
 from coeffd.simfleet import SampleRates, run
 
@@ -20,7 +20,7 @@ def test_unwritable_state_dir_fails_readiness_and_the_exit_code(tmp_path: Path) 
     try:
         run("steady", 5, 1, rates=SampleRates(1.0, 1.0, 0.02, 100), drain_s=1,
             otlp_endpoint=f"127.0.0.1:{d.ports['otlp_grpc']}")  # fmt: skip
-        wait_quiet(d)
+        wait_drained(d)
         assert d.get("/readyz")[0] == 200
         # the volume goes away: a file where the state directory was
         shutil.rmtree(tmp_path / "state", ignore_errors=True)
