@@ -136,7 +136,9 @@ class EngineState:
         self.touched = 0  # wall ns of the latest record of this engine, kept or not
         self.loop_waits = LoopWaitQueue()
         # S(n) estimates and the loop mode, read off the indexes above
-        self.starts = StepStarts(self.summaries, self.anchors, self.lives, config, async_mode)
+        self.starts = StepStarts(
+            self.summaries, self.anchors, self.lives, config, async_mode, self.summary_steps
+        )
 
     # ------------------------------------------------------------------ ingest
 

@@ -19,6 +19,7 @@ writes them, so the window's bookkeeping stays in one place.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -117,9 +118,11 @@ class StepStarts:
         lives: dict[int, list[Life]],
         config: JoinerConfig,
         async_mode: bool | None,
+        summary_steps: list[int] | None = None,
     ) -> None:
         # shared with EngineState, which fills and purges them (never rebinds them)
         self.summaries = summaries
+        self.summary_steps = summary_steps  # the sorted keys of summaries, when kept
         self.anchors = anchors
         self.lives = lives
         self.cfg = config
@@ -319,6 +322,8 @@ class StepStarts:
         # an anchor type not calibrated yet pins no point (point() needs one that is);
         # that stays so until a point is found (only a found one cross-calibrates)
         ok = [self.cal.mean_var(typ, self.cfg.min_calibration) is not None for typ in range(3)]
+        if not any(ok) and self.summary_steps is not None:
+            return self._nearest_summary(steps, a)  # only summaries pin: few, and sorted
         sched = self.anchors[SCHED] if ok[SCHED] else {}
         queued = self.anchors[QUEUED] if ok[QUEUED] else {}
         compl = self.anchors[COMPL] if ok[COMPL] else {}
@@ -340,3 +345,20 @@ class StepStarts:
                 if max(b_lo, life.first) <= end:
                     return True
         return False
+
+    def _nearest_summary(self, steps: range, a: int) -> pinned.Pin | None:
+        """:meth:`_nearest` when only summaries can pin: walk their sorted steps."""
+        keys = self.summary_steps
+        assert keys is not None
+        up = steps.step > 0
+        i = (
+            bisect.bisect_left(keys, steps.start)
+            if up
+            else bisect.bisect_right(keys, steps.start) - 1
+        )
+        while 0 <= i < len(keys) and (keys[i] < steps.stop if up else keys[i] > steps.stop):
+            m = keys[i]
+            if m in self.summaries and (p := self.point(m, a)) is not None:
+                return p
+            i += 1 if up else -1
+        return None
