@@ -18,6 +18,8 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +54,18 @@ def _sets(*pairs: str) -> list[str]:
 
 
 def _sidecar(tmp: Path, name: str, config: tuple[str, ...]) -> Daemon:
-    return start_daemon(tmp / name, "--mode", "sidecar", *config, *_sets(*EXACT))
+    # joiner.window_s=5: a source's last window is finished on the receiver's clock once
+    # it falls idle, so wait_quiet waits that long after the feed (30 s at the default);
+    # the merge is exact whatever the joins, and simfleet's processes export within 1 s.
+    return start_daemon(
+        tmp / name, "--mode", "sidecar", *config, *_sets(*EXACT, "joiner.window_s=5")
+    )
+
+
+def _started(*starts: Any) -> list[Daemon]:
+    """Start daemons concurrently (each start is mostly the child's imports)."""
+    with ThreadPoolExecutor(len(starts)) as pool:
+        return list(pool.map(lambda start: start(), starts))
 
 
 def _feed(d: Daemon, engines: Any, seed: int, out: dict[str, RunResult], key: str) -> None:
@@ -111,7 +124,9 @@ def _step_error(beta: Any, runs: list[RunResult], cfg: ServingConfig) -> float:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Any:
     tmp = tmp_path_factory.mktemp("query")
-    a, b, c = (_sidecar(tmp, n, cfg) for n, cfg in (("a", LLAMA), ("b", LLAMA), ("c", QWEN)))
+    a, b, c = _started(
+        *(partial(_sidecar, tmp, n, cfg) for n, cfg in (("a", LLAMA), ("b", LLAMA), ("c", QWEN)))
+    )
     runs: dict[str, RunResult] = {}
     feeds = [
         threading.Thread(target=_feed, args=(a, steady(SECONDS), 1, runs, "a")),
