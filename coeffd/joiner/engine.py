@@ -378,7 +378,38 @@ class EngineState:
             for m in range(prev + a, n + a + 2):
                 self.starts.point(m, a)
             return [], {}
+        pins = [p for m in range(prev + a, n + a + 2) if (p := self.starts.point(m, a)) is not None]
+        batches = self._segment_batches(prev, n, self._span_steps(pins, a, prev, n))
+        spans, why = pinned.spans(pins, batches, a, self.cfg.max_span_steps)
+        why.pop("summary", None)
+        why.pop("shed", None)
+        out: list[StepObservation] = []
+        for sp in spans:
+            reason = self._period_reason(sp.period_ns, sp.half_ns, len(sp.batches))
+            if reason:
+                why[reason] = why.get(reason, 0) + len(sp.batches)
+                continue
+            out.append(self._span_observation(sp, s, mode))
+        return out, why
+
+    def _span_steps(self, pins: list[pinned.Pin], a: int, lo: int, hi: int) -> list[int]:
+        """The batch steps in ``lo..hi`` that :func:`pinned.spans` reads for ``pins``:
+        those between consecutive pins at most ``max_span_steps`` apart. At sparse step
+        sampling most of a segment lies between no two pins; its batches are not built."""
+        need: set[int] = set()
+        for p, q in itertools.pairwise(pins):
+            first, end = p.step - a, q.step - a
+            if end - first <= self.cfg.max_span_steps:
+                need.update(range(max(first, lo), min(end, hi + 1)))
+        return sorted(need)
+
+    def _segment_batches(
+        self, prev: int, n: int, steps: list[int]
+    ) -> dict[int, tuple[BatchRequest, ...] | str]:
+        """The batches of ``steps`` (in ``prev..n``), or why each is unknown."""
         batches: dict[int, tuple[BatchRequest, ...] | str] = {}
+        if not steps:
+            return batches
         # the segment's lives once, in a fixed order: a batch's requests (and so the float
         # sums of its features) must not depend on the order the journeys arrived in
         lives = sorted(
@@ -390,7 +421,7 @@ class EngineState:
             }.values(),
             key=_life_order,
         )
-        for b in range(prev, n + 1):
+        for b in steps:
             if b in self.used:
                 batches[b] = "summary"
             elif b in self.shed_steps:
@@ -404,18 +435,7 @@ class EngineState:
                     batches[b] = reqs if comp is not Composition.AGGREGATES else "aggregates"
             else:
                 batches[b] = pinned.batch_at(lives, b, self.prefix_cache_off)
-        pins = [p for m in range(prev + a, n + a + 2) if (p := self.starts.point(m, a)) is not None]
-        spans, why = pinned.spans(pins, batches, a, self.cfg.max_span_steps)
-        why.pop("summary", None)
-        why.pop("shed", None)
-        out: list[StepObservation] = []
-        for sp in spans:
-            reason = self._period_reason(sp.period_ns, sp.half_ns, len(sp.batches))
-            if reason:
-                why[reason] = why.get(reason, 0) + len(sp.batches)
-                continue
-            out.append(self._span_observation(sp, s, mode))
-        return out, why
+        return batches
 
     def _period_reason(self, period_ns: float, half_ns: float, k: int = 1) -> str:
         """Why the period of ``k`` consecutive batches is not used ("" when it is): one
