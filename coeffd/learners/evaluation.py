@@ -391,7 +391,8 @@ class WindowedRefit:
         b = x.T @ (w * y)
         # Tiny ridge keeps all-zero / collinear columns at 0 rather than undefined.
         a += np.eye(len(b)) * 1e-12 * max(float(np.trace(a)), 1e-300)
-        self.coef = nnls_information(a, b)
+        # warm: the window moves by refit_every rows, its active set rarely (same optimum)
+        self.coef = nnls_information(a, b, warm=self.coef > 0)
 
     def predict_row(self, x: Sequence[float] | FloatArray) -> float:
         """Predict one row (``n_features`` values) with the last refit's coefficients."""

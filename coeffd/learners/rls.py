@@ -171,6 +171,7 @@ class RLSRegressor(base.Regressor):
         self._pred_key = (-1, -1)
         self._theta_at: tuple[int, int] = (-1, -1)
         self._theta_last: FloatArray | None = None
+        self._theta_ab: tuple[FloatArray, FloatArray] = (np.zeros((d, d)), np.zeros(d))
         self._pred_ab: tuple[FloatArray, FloatArray] = (np.zeros((d, d)), np.zeros(d))
         self.n_rejected = 0
         self.n_downweighted = 0
@@ -268,6 +269,7 @@ class RLSRegressor(base.Regressor):
             self._theta = _solve(a, b, self._theta0)
             # kept for prediction_coef: the same solve for the same statistics
             self._theta_at, self._theta_last = (self._folded, self._generation), self._theta
+            self._theta_ab = (a, b)
         return self._theta.copy()
 
     def nonnegative_coef(self) -> FloatArray:
@@ -310,10 +312,11 @@ class RLSRegressor(base.Regressor):
             self._fold()
         key = (self._folded, self._generation)
         if self._pred_key != key:
-            a, b = self._folded_information()
             if self._theta_at == key and self._theta_last is not None:
                 self._pred_free = self._theta_last  # θ_w refresh solved this very system
+                a, b = self._theta_ab
             else:
+                a, b = self._folded_information()
                 self._pred_free = _solve(a, b, self._theta0)
             self._pred = None  # the non-negative fit only when asked for (an NNLS solve)
             self._pred_key = key
@@ -744,25 +747,25 @@ class RLSRegressor(base.Regressor):
             # First chunk: start the scale from a robust estimate (MAD).
             sigma_w = float(np.median(np.abs(es))) * 1.4826 or 1.0
             self._sigma_w = sigma_w
-        zs = [e / sigma_w for e in es]
         clip = 3.0 if huber is None else huber
-        if huber is not None:
-            for i, z in enumerate(zs):
-                az = abs(z)
-                if az > huber:
-                    self.n_downweighted += 1
-                    ws[i] *= huber / (az if az > 1e-300 else 1e-300)
         # EW mean absolute residual, with clipped contributions (stalls don't inflate it).
         g = 1.0 / max(self.scale_memory, 1.0)
         cap = clip * sigma_w
         s_ew = self._sigma_ew if self._sigma_ew is not None else sigma_w
-        for e in es:
+        clipped: list[float] = []
+        for i, e in enumerate(es):
+            z = e / sigma_w
+            if huber is not None:
+                az = abs(z)
+                if az > huber:
+                    self.n_downweighted += 1
+                    ws[i] *= huber / (az if az > 1e-300 else 1e-300)
             ae = abs(e)
             s_ew += g * ((ae if ae < cap else cap) * _SQRT_HALF_PI - s_ew)
+            clipped.append(clip if z > clip else -clip if z < -clip else z)
         self._sigma_ew = s_ew
         if self.drift is None:
             return -1
-        clipped = [clip if z > clip else -clip if z < -clip else z for z in zs]
         return self.drift.update_many(clipped, first)
 
     def _decays(self, m: int) -> tuple[list[float], float, float]:
