@@ -7,6 +7,7 @@ reproduces the summary's totals exactly), the summary's totals alone.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
@@ -128,6 +129,9 @@ class Life(msgspec.Struct, frozen=True, gc=False):
     preempted: bool
 
 
+_ORDER = operator.attrgetter("input_len", "progress", "new_tokens")
+
+
 def life_request(life: Life, n: int) -> tuple[BatchRequest | None, bool]:
     """The request's part in step ``n``: (known request, False), (request with unknown
     ``new_tokens``, True), or (None, True) when it cannot be reconstructed.
@@ -155,18 +159,24 @@ def from_lives(summary: BatchSummary, lives: Iterable[Life]) -> tuple[BatchReque
     total). Any untraced or still-running request makes the totals disagree.
     """
     n = summary.step
+    covering = [life for life in lives if life.first <= n <= life.last]
+    # the count first: most mismatches are decided without building a request
+    if len(covering) != summary.num_prefill_reqs + summary.num_decode_reqs:
+        return None
     known: list[BatchRequest] = []
     unknown: list[BatchRequest] = []
-    for life in lives:
-        if not (life.first <= n <= life.last):
-            continue
-        req, unk = life_request(life, n)
-        if req is None:
+    for life in covering:  # life_request, inlined: this runs per life per summarised step
+        f = life.first_token
+        if life.preempted:
             return None
-        (unknown if unk else known).append(req)
-    if len(known) + len(unknown) != summary.num_prefill_reqs + summary.num_decode_reqs:
-        return None
-    rest = summary.scheduled_tokens - sum(r.new_tokens for r in known)
+        if f is not None and n > f:
+            i = life.input_len
+            known.append(BatchRequest(i, i + (n - f) - 1, 1, life.output_len))
+        elif n == life.first:
+            unknown.append(BatchRequest(life.input_len, 0, 0, max(life.output_len, 1)))
+        else:
+            return None
+    rest = summary.scheduled_tokens - len(known)  # a known request is a decode: 1 token
     if not unknown:
         if rest != 0:
             return None
@@ -177,4 +187,4 @@ def from_lives(summary: BatchSummary, lives: Iterable[Life]) -> tuple[BatchReque
         known.append(BatchRequest(u.input_len, u.progress, rest, u.output_len))
     else:
         return None
-    return tuple(sorted(known, key=lambda r: (r.input_len, r.progress, r.new_tokens)))
+    return tuple(sorted(known, key=_ORDER))
