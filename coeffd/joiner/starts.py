@@ -164,15 +164,17 @@ class StepStarts:
         if s is None:
             return
         S = s.start_mono_ns
-        for typ, ts in self._pinning(n, a):
-            key = (typ, n)
-            if key in self.cal.seen:
+        cal, an = self.cal, self.anchors
+        seen = cal.seen
+        # _pinning's lookups inlined (this runs for three steps per finalized one), and
+        # each (type, step) is taken once: later calls find it seen
+        for typ, step in ((SCHED, n), (QUEUED, n - 1), (COMPL, n - 1 - a)):
+            ts = an[typ].get(step)
+            if not ts or (typ, n) in seen:
                 continue
-            self.cal.seen.add(key)
-            dq = self.cal.deltas[typ]
-            for t in ts:
-                dq.append(float(S - t))
-            self.cal.added[typ] += len(ts)
+            seen.add((typ, n))
+            cal.deltas[typ].extend([float(S - t) for t in ts])
+            cal.added[typ] += len(ts)
 
     def forget_below(self, h: int) -> None:
         """Drop the calibration marks of steps below ``h`` (they left the window)."""
