@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ConfigEstimate", "Scored", "VectorEstimate"]
+__all__ = ["ConfigEstimate", "Scored", "StepScores", "VectorEstimate"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -26,6 +26,29 @@ class Scored:
     y: float
     predictions: dict[str, float]
     regime: str | None = None
+
+
+@dataclass(frozen=True)
+class StepScores:
+    """Prequential predictions of a burst of step observations, as columns: the measured
+    periods ``y``, each source's predictions (NaN where a source made none) and each
+    row's regime. :class:`Scored` rows carry the same, one dict per row."""
+
+    y: npt.NDArray[np.float64]
+    predictions: dict[str, npt.NDArray[np.float64]]
+    regimes: list[str]
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def rows(self) -> list[Scored]:
+        """One :class:`Scored` per row (a source's NaN left out of its dict)."""
+        cols = {k: v.tolist() for k, v in self.predictions.items()}
+        out = []
+        for i, (y, regime) in enumerate(zip(self.y.tolist(), self.regimes, strict=True)):
+            preds = {k: v[i] for k, v in cols.items() if v[i] == v[i]}
+            out.append(Scored("step_period", y, preds, regime))
+        return out
 
 
 @dataclass(frozen=True)

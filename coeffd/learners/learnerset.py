@@ -20,7 +20,7 @@ import numpy.typing as npt
 import structlog
 
 from coeffd.learners.config import LearnersConfig
-from coeffd.learners.estimates import Scored, VectorEstimate
+from coeffd.learners.estimates import Scored, StepScores, VectorEstimate
 from coeffd.learners.evaluation import (
     Evaluator,
     WindowedRefit,
@@ -233,11 +233,19 @@ class LearnerSet:
         each row with the coefficients of their last fold either way; see
         :meth:`RLSRegressor.learn_many_prequential`). Drift detections in the batch are
         stamped with the step clock of its last row."""
+        scores = self.learn_step_scores(steps, evaluator)
+        return [] if scores is None else scores.rows()
+
+    def learn_step_scores(
+        self, steps: Sequence[StepObservation], evaluator: Evaluator | None
+    ) -> StepScores | None:
+        """:meth:`learn_steps` with the scores as columns (None when nothing was learned):
+        what the learning consumer's metrics take, without a dict per row."""
         if self.basis is None or not steps:
-            return []
+            return None
         steps = self._exact_first(steps)
         if not steps:
-            return []
+            return None
         beta = self.learner("beta")
         ev = self.settings.evaluation
         x_all, xe_all = step_rows(steps, self.basis, self.config, extended=self.settings.extended)
@@ -249,7 +257,7 @@ class LearnerSet:
             x_all, y_all = x_all[good], y_all[good]
             xe_all = None if xe_all is None else xe_all[good]
         if not steps:
-            return []
+            return None
         regimes = [
             step_regime(
                 agg.prefill_tokens,
@@ -286,20 +294,10 @@ class LearnerSet:
         }
         if evaluator is not None:
             evaluator.record_many(self.config.id, "step_period", y_all, columns, regimes)
-        rows = zip(
-            ys, learned.tolist(), default.tolist(), refit.tolist(), extended.tolist(), regimes,
-            strict=True,
-        )  # fmt: skip
-        out = []
-        for y, p_learned, p_default, p_refit, p_ext, regime in rows:
-            preds = {"learned": p_learned, "blis_default": p_default, "batch_refit": p_refit}
-            if p_ext == p_ext:  # not NaN: the extended learner predicted this row
-                preds["learned_extended"] = p_ext
-            out.append(Scored("step_period", y, preds, regime))
-        self.version += len(out)
-        self.observations += len(out)
+        self.version += len(ys)
+        self.observations += len(ys)
         self.updated_wall_ns = time.time_ns()
-        return out
+        return StepScores(y_all, columns, regimes)
 
     def _exact_first(self, steps: Sequence[StepObservation]) -> Sequence[StepObservation]:
         """The steps to learn: those with only BATCH_SUMMARY totals (``AGGREGATES``) are

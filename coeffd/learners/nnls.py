@@ -60,7 +60,7 @@ def nnls_information(
     theta = np.zeros(n)
     passive = np.zeros(n, dtype=bool)
     # Relative tolerance: the gradient scale is that of b (or of a if b is all zero).
-    scale = max(float(np.max(np.abs(b), initial=0.0)), float(np.max(np.abs(a), initial=0.0)))
+    scale = max(float(np.abs(b).max(initial=0.0)), float(np.abs(a).max(initial=0.0)))
     eps = tol * (scale if scale > 0 else 1.0)
     grad = b
     if warm is not None and warm.any():
@@ -83,7 +83,7 @@ def nnls_information(
         if passive.any():
             theta[idx] = z
             grad = b - a @ theta
-            if float(np.max(grad[~passive], initial=-np.inf)) <= eps:
+            if float(grad[~passive].max(initial=-np.inf)) <= eps:
                 return theta
     iterations = 0
     limit = max_iter if max_iter is not None else 3 * n + 10

@@ -19,7 +19,7 @@ import numpy as np
 import structlog
 
 from coeffd.learners.config import LearnersConfig
-from coeffd.learners.estimates import ConfigEstimate, Scored, VectorEstimate
+from coeffd.learners.estimates import ConfigEstimate, Scored, StepScores, VectorEstimate
 from coeffd.learners.evaluation import Evaluator
 from coeffd.learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA, BlisBasis
 from coeffd.learners.features.config import BasisResolver, ServingConfig
@@ -169,12 +169,19 @@ class LearnerRegistry:
 
     def learn_steps(self, config: ServingConfig, steps: Sequence[StepObservation]) -> list[Scored]:
         """:meth:`learn` for many step observations of one configuration (vectorised)."""
+        scores = self.learn_step_scores(config, steps)
+        return [] if scores is None else scores.rows()
+
+    def learn_step_scores(
+        self, config: ServingConfig, steps: Sequence[StepObservation]
+    ) -> StepScores | None:
+        """:meth:`learn_steps` with the scores as columns (None when nothing was learned)."""
         ls = self.ensure(config)
         skipped = ls.approximate_skipped
-        out = ls.learn_steps(steps, self.evaluator)
+        out = ls.learn_step_scores(steps, self.evaluator)
         skipped = ls.approximate_skipped - skipped
         self.approximate_skipped += skipped
-        self.rejected += len(steps) - len(out) - skipped
+        self.rejected += len(steps) - (0 if out is None else len(out)) - skipped
         return out
 
     # -------------------------------------------------------------- output

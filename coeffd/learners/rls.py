@@ -426,6 +426,8 @@ class RLSRegressor(base.Regressor):
     def _folded_information(self) -> tuple[FloatArray, FloatArray]:
         """``(A, b)`` of the rows folded so far (pending rows left out), plus the prior."""
         w = self._prior_weight()
+        if w == 1.0:  # the prior is not forgotten (the default): no product to make
+            return self._scale * self._a + self._a0, self._scale * self._b + self._b0
         return self._scale * self._a + w * self._a0, self._scale * self._b + w * self._b0
 
     def _prior_weight(self) -> float:
@@ -826,6 +828,6 @@ def _solve(a: FloatArray, b: FloatArray, fallback: FloatArray) -> FloatArray:
         # Singular (only possible with forget_prior and no excitation): minimum-norm
         # solution around the prior mean.
         theta = fallback + np.linalg.lstsq(a, b - a @ fallback, rcond=None)[0]
-    if not np.all(np.isfinite(theta)):
+    if not np.isfinite(theta).all():
         return fallback.copy()
-    return theta  # type: ignore[no-any-return]
+    return theta

@@ -36,7 +36,7 @@ from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.daemon.query.statistics import StatisticsExporter
 from coeffd.daemon.writer import Writer
 from coeffd.joiner import Joiner
-from coeffd.learners.estimates import Scored
+from coeffd.learners.estimates import Scored, StepScores
 from coeffd.learners.features.config import ServingConfig
 from coeffd.learners.registry import LearnerRegistry
 from coeffd.learners.targets import ALPHA_TARGETS
@@ -333,16 +333,16 @@ class LearningConsumer:
                     self._record(cid, s)
         for cid, (cfg, batch) in steps.items():
             skipped = self.registry.approximate_skipped
-            scored = self.registry.learn_steps(cfg, batch)
+            scores = self.registry.learn_step_scores(cfg, batch)
             self.metrics.approximate.inc(self.registry.approximate_skipped - skipped)
-            if not scored:
+            if scores is None or not len(scores):
                 continue
-            self.observations += len(scored)
+            self.observations += len(scores)
             p = self.publisher.pending(cid, now)
             t = self.freshness.first_step_arrival(batch)
             if t is not None and (p.first_step_arrival is None or t < p.first_step_arrival):
                 p.first_step_arrival = t
-            self._record_steps(cid, scored)
+            self._record_steps(cid, scores)
         self.metrics.configurations.set(len(self.registry))
         if resolved_any and self._unresolved_kv:
             self._retry_kv(now)
@@ -373,22 +373,19 @@ class LearningConsumer:
                 errors = self._errors[(cid, s.target, source)] = []
             errors.append(abs(y - yhat) / y)
 
-    def _record_steps(self, cid: str, scored: list[Scored]) -> None:
-        """:meth:`_record` for a batch of step scores (one histogram update per source)."""
-        target = scored[0].target
-        if any(s.target != target for s in scored):
-            for s in scored:
-                self._record(cid, s)
-            return
-        self.metrics.learner_observations.labels(cid, target).inc(len(scored))
-        y = np.array([s.y for s in scored])
+    def _record_steps(self, cid: str, scored: StepScores) -> None:
+        """:meth:`_record` for a burst of step scores (one histogram update per source)."""
+        self.metrics.learner_observations.labels(cid, "step_period").inc(len(scored))
+        y = scored.y
         good = (y > 0) & np.isfinite(y)
         for source in SOURCES:
-            yhat = np.array([s.predictions.get(source, math.nan) for s in scored])
+            yhat = scored.predictions.get(source)
+            if yhat is None:
+                continue
             ok = good & np.isfinite(yhat)
             if ok.any():
                 rel = np.abs(y[ok] - yhat[ok]) / y[ok]
-                self.metrics.relative_error.observe_many((cid, target, source), rel)
+                self.metrics.relative_error.observe_many((cid, "step_period", source), rel)
 
     # ---------------------------------------------------------------- views
     def live_rows(self) -> list[dict[str, Any]]:
