@@ -28,6 +28,8 @@ from bench.fleet import step_terms
 from coeffd.learners.evaluation import REGIMES, regime_error
 from coeffd.simfleet import BLIS_BETA
 
+pytestmark = pytest.mark.slow  # run first: see tests/conftest.py
+
 
 def test_same_coefficients_same_latencies_and_slower_physics_slower_requests() -> None:
     spec = engine_spec("dense")

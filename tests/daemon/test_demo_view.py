@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # run first: see tests/conftest.py
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -22,6 +22,8 @@ from coeffd.receivers.source import source_from_attributes
 from coeffd.records.events import Source
 from coeffd.simfleet import SampleRates, replica, run
 
+pytestmark = pytest.mark.slow  # run first: see tests/conftest.py
+
 
 class Clock:
     def __init__(self) -> None:

@@ -30,6 +30,8 @@ from coeffd.daemon.settings import Settings, load_settings
 from coeffd.receivers.otlp import native
 from coeffd.simfleet import SampleRates, run
 
+pytestmark = pytest.mark.slow  # run first: see tests/conftest.py
+
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:

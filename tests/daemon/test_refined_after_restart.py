@@ -25,6 +25,8 @@ from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.daemon.settings import load_settings
 from coeffd.receivers.otlp.decode import Decoder
 
+pytestmark = pytest.mark.slow  # run first: see tests/conftest.py
+
 INTERVAL_S = 60.0
 
 

@@ -55,6 +55,8 @@ from deploy_helpers import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+pytestmark = pytest.mark.slow  # run first: see tests/conftest.py
+
 #: Families that exist only once a configuration has been learned and published.
 LEARNED = {"coeffd_coefficient_value", "coeffd_prediction_mape_ratio"}
 #: Families the receivers/pipeline export from start-up, whatever else is wired.

@@ -26,6 +26,8 @@ from coeffd.records.observations import (
 from coeffd.simfleet.config import SampleRates
 from coeffd.simfleet.scenarios import build
 
+pytestmark = pytest.mark.slow  # run first: see tests/conftest.py
+
 DEFAULT = SampleRates()  # vLLM: journey 1.0, step 0.01, rich 0.001, closure 100
 
 

@@ -29,6 +29,8 @@ from coeffd.records.observations import Observation, RequestObservation, StepObs
 from coeffd.simfleet import SampleRates, ServingSetup, Workload, run
 from coeffd.simfleet.scenarios import _engine
 
+pytestmark = pytest.mark.slow  # run first: see tests/conftest.py
+
 KEEP = 0.3
 # random subsamples that give the spread shedding is allowed: with 12, a random
 # subsample itself lands beyond Z of their SDs with p ≈ 0.003 (t, 11 d.f.; Z/√(1+1/12))

@@ -26,6 +26,8 @@ from coeffd.receivers.otlp.decode import Decoder
 from coeffd.simfleet import SampleRates, run
 from coeffd.simfleet.scenarios import FLEET_SHARED, fleet_shared_engine
 
+pytestmark = pytest.mark.slow  # run first: see tests/conftest.py
+
 HELD_OUT = ("llama8b-a100-tp1", "mixtral-h100-tp2")
 
 

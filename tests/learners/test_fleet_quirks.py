@@ -12,6 +12,8 @@ from coeffd.learners.fleet.model import FleetModel
 from coeffd.learners.fleet.results import Prediction
 from tests.learners.test_fleet_factors import HELD_OUT, KNOWN, member, true_beta
 
+pytestmark = pytest.mark.slow  # run first: see tests/conftest.py
+
 CONFIGS = [*KNOWN, HELD_OUT]
 DRAWS = 6
 
