@@ -120,6 +120,7 @@ class EngineState:
         self.coverage: list[list[int]] = []  # merged [start, end] of complete step spans
         self.max_step = 0
         self.recent_periods: deque[float] = deque(maxlen=64)
+        self._periods_sorted: list[float] = []  # the same, sorted: a median per step
         self.n_anchors = 0
         self._purged_to = 0
         self.lives: dict[int, list[Life]] = {}  # by 64-step bucket (BUCKET_BITS)
@@ -328,8 +329,15 @@ class EngineState:
 
     def _typical_period(self) -> float:
         """Median of the recent loop periods (ns)."""
-        recent = self.recent_periods
-        return sorted(recent)[len(recent) // 2]
+        return self._periods_sorted[len(self._periods_sorted) // 2]
+
+    def _note_period(self, period_ns: float) -> None:
+        """Add a loop period to the recent ones (and their sorted copy)."""
+        recent, ordered = self.recent_periods, self._periods_sorted
+        if len(recent) == recent.maxlen:
+            del ordered[bisect.bisect_left(ordered, recent[0])]
+        recent.append(period_ns)
+        bisect.insort(ordered, period_ns)
 
     def lives_at(self, n: int) -> list[Life]:
         """Known lives of requests in the running queue at step ``n``."""
@@ -474,7 +482,7 @@ class EngineState:
             kv_blocks_free_gpu=bracket.kv_blocks_free_gpu,
         )
         if k == 1:
-            self.recent_periods.append(sp.period_ns)
+            self._note_period(sp.period_ns)
         return StepObservation(
             source=self.source,
             step=sp.first,
@@ -555,7 +563,7 @@ class EngineState:
             method = PeriodMethod.COMPLETION_ANCHORS
         else:
             method = PeriodMethod.JOURNEY_ANCHORS
-        self.recent_periods.append(mid_ns)
+        self._note_period(mid_ns)
         if shed:
             self.shed_steps.add(n)
             return StepResult(None, "shed", "load")
