@@ -709,18 +709,15 @@ class RLSRegressor(base.Regressor):
         xc = x * np.array([math.sqrt(ci) for ci in c])[:, None]
         cys = [ci * yi for ci, yi in zip(c, ys, strict=True)]
         cy = np.array(cys)
-        upd = xc.T @ xc  # symmetric by construction
         # A finite row can still overflow once squared (|x| ~ 1e200): reject it here rather
-        # than let one inf poison the statistics for good. The update's trace is the sum of
-        # every squared entry: below 1e300, no entry reaches 1e150 (nor is NaN).
-        if not (float(upd.trace()) < 1e300 and math.isfinite(sum(cys))):
+        # than let one inf poison the statistics for good.
+        if not (float(np.abs(xc).max(initial=0.0)) < 1e150 and math.isfinite(sum(cys))):
             fine = np.isfinite(xc).all(axis=1) & np.isfinite(cy) & (np.abs(xc).max(axis=1) < 1e150)
             bad = int((~fine).sum())
             self.n_rejected += bad
             self.n_learned -= bad
             xc, x, cy = xc[fine], x[fine], cy[fine]
-            upd = xc.T @ xc
-        self._a += upd
+        self._a += xc.T @ xc  # symmetric by construction
         self._b += x.T @ cy
         self._theta = None
         self._valid = None
