@@ -293,9 +293,13 @@ def test_sample_engines_at_must_be_above_shed_start() -> None:
 
 
 # ------------------------------------------------------------------ decoder + consumer
+#: Engines in the sampled fleet (copies of one).
+ENGINES = 20
+
+
 @pytest.fixture(scope="module")
 def fleet() -> list[bytes]:
-    """40 engines of one configuration: simfleet's ``steady`` engine, copied with new
+    """ENGINES engines of one configuration: simfleet's ``steady`` engine, copied with new
     engine names and ids (as a fleet behind a collector sends)."""
     base: list[ExportTraceServiceRequest] = []
 
@@ -307,14 +311,14 @@ def fleet() -> list[bytes]:
     run("steady", 20, 5, rates=SampleRates(1.0, 1.0, 0.02, 100), trace_sinks=[keep], drain_s=5)
     out: list[bytes] = []
     for req in base:  # interleaved, as they would arrive
-        for k in range(40):
+        for k in range(ENGINES):
             out.append(replica(req, k).SerializeToString())
     return out
 
 
 def test_decoder_counts_what_it_skips(fleet: list[bytes]) -> None:
     full, sampled = Decoder(), Decoder()
-    skip = {f"~{k}" for k in range(0, 40, 3)}
+    skip = {f"~{k}" for k in range(0, ENGINES, 3)}
     sampled.source_filter = lambda src: not str(src.get("coeffd.engine")).endswith(tuple(skip))
     kept = out = 0
     for body in fleet[:400]:
@@ -347,7 +351,7 @@ def _learn_fleet(fleet: list[bytes], tmp: Path, overload: bool) -> tuple[Learnin
     consumer.backlog = lambda: fill[0]
     sampled_out = 0
     for i, body in enumerate(fleet):
-        if overload and i < 40 * 4:
+        if overload and i < ENGINES * 4:
             clock.t += 1.0
             fill[0] = 0.6 + 0.01 * i
         else:
@@ -369,14 +373,15 @@ def test_consumer_learns_from_the_kept_engines_only(fleet: list[bytes], tmp_path
     assert sampler is not None and sampler.share < 1 / 4
     kept, known = sampler.engines()
     p = sampler.share  # the floor (2) + within 4 binomial σ of the share
-    assert known == 40 and 2 <= kept <= 2 + 40 * p + 4 * math.sqrt(40 * p * (1 - p))
+    n = ENGINES
+    assert known == n and 2 <= kept <= 2 + n * p + 4 * math.sqrt(n * p * (1 - p))
     assert sampled_out > 0
     (cid,) = everyone.registry.ids()
     assert sampler_consumer.registry.ids() == [cid]
     a, b = everyone.registry.estimate(cid), sampler_consumer.registry.estimate(cid)
     n_all = a.vectors["beta"].observations
     n_sampled = b.vectors["beta"].observations
-    assert 0 < n_sampled < n_all * (kept + 1) / 40
+    assert 0 < n_sampled < n_all * (kept + 1) / n
     beta_b = np.asarray(b.beta)
     assert beta_b.shape == (11,) and np.all(np.isfinite(beta_b)) and np.all(beta_b >= 0)
     # the kept engines run the same physics: each β the whole fleet identifies agrees
