@@ -24,9 +24,12 @@ with ``--quick``, ``joiner.window_s = 5`` (each level waits a window before it i
 measured; 30 s otherwise).
 
 Measured in the same run: the same search on the daemon of ``--baseline-rev`` (its
-``coeffd`` package extracted with ``git archive``), and without ``--quick`` the
+``coeffd`` package extracted with ``git archive``), and unless ``--part rate`` the
 ingest-only daemon (``pipeline.consumer = "counting"``) and the dense figure (every step
-sampled). Targets (issue 34): ≥ 1,000 engines per core, ≥ 5× the baseline revision.
+sampled). A bisection's level runs on a fresh daemon after a level it held, as the
+doubling levels do. ``--quick --part rate`` (from 64 engines, one bisection, 30 s
+recording) takes ~3 minutes. Targets (issue 34): ≥ 1,000 engines per core, ≥ 5× the
+baseline revision.
 """
 
 from __future__ import annotations
@@ -459,6 +462,11 @@ def search(
         d = spawn()
         sender = FleetSender(d.ports["otlp_grpc"], rec, templates)
         try:
+            # as on the way up, the level follows one the daemon held: a fresh daemon's
+            # first seconds (its learners created, first snapshots) are not the level's
+            if best:
+                sender.grow(best)
+                sender.send(plan.warm + plan.seconds)
             lvl = run_level(d, sender, mid, plan.warm, plan.seconds)
         finally:
             sender.close()
@@ -487,7 +495,9 @@ def main(args: argparse.Namespace) -> int:
     window = 5.0 if args.quick else 30.0
     sizing = ("--set", "joiner.max_engines=100000", "--set", "joiner.max_requests=2000000")
     common = (*sizing, "--set", f"joiner.window_s={window:g}")
-    plan = Search(args.start, args.bisect, window + 2, args.seconds)
+    start = args.start or (64 if args.quick else 8)
+    bisect_steps = args.bisect if args.bisect is not None else (1 if args.quick else 3)
+    plan = Search(start, bisect_steps, window + 2, args.seconds)
     tmp = Path(tempfile.mkdtemp(prefix="coeffd-bench-"))
     runs = iter(range(1_000_000))
 
@@ -510,7 +520,7 @@ def main(args: argparse.Namespace) -> int:
             verdicts.append(
                 (f"≥ {RATIO_TARGET:g}× {commit} in the same run", ratio >= RATIO_TARGET)
             )
-        if not args.quick:
+        if args.part != "rate":
             ingest_plan = dataclasses.replace(plan, start=max(plan.start, 2 * ours), warm=2.0)
             search(
                 "ingest only (counting consumer)",

@@ -571,7 +571,8 @@ def main(argv: list[str]) -> int:
         choices=("all", "rate", "rss", "http"),
         default="all",
         help="rate: throughput and freshness only; rss: the 100-configuration RSS only; "
-        "http: OTLP/HTTP ingest of this tree vs the stdlib-server commit (--base)",
+        "http: OTLP/HTTP ingest of this tree vs the stdlib-server commit (--base); with "
+        "--sampling default, rate: this tree and the baseline revision only",
     )
     p.add_argument("--base", default=None, help="--part http: the commit to compare with")
     p.add_argument("--rounds", type=int, default=2, help="--part http: alternations")
@@ -588,9 +589,14 @@ def main(argv: list[str]) -> int:
         help="--sampling default: the revision whose daemon is measured beside ('none': skip)",
     )
     p.add_argument(
-        "--start", type=int, default=8, help="--sampling default: engines at the first level"
+        "--start",
+        type=int,
+        default=None,
+        help="--sampling default: engines at the first level (8; --quick: 64)",
     )
-    p.add_argument("--bisect", type=int, default=3, help="--sampling default: bisections")
+    p.add_argument(
+        "--bisect", type=int, default=None, help="--sampling default: bisections (3; --quick: 1)"
+    )
     args = p.parse_args(argv)
     if args.sampling == "default":
         from bench import _fleetsize
