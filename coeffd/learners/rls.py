@@ -177,7 +177,9 @@ class RLSRegressor(base.Regressor):
         self.n_downweighted = 0
         # Rows not yet folded (plain lists: appending is far cheaper than numpy writes).
         self._zeros = [0.0] * d
-        self._pend_x: list[list[float]] = []
+        # a row (list) per learn_one, a block (2-D array copy) per run of array rows
+        self._pend_x: list[list[float] | FloatArray] = []
+        self._pend_blocks = False
         self._pend_y: list[float] = []
         self._pend_w: list[float] = []
         self._since_refresh = 0
@@ -233,7 +235,8 @@ class RLSRegressor(base.Regressor):
         while i < n:
             take = min(k - self._since_refresh, n - i)
             if self._pend_x or take < k:
-                self._pend_x.extend(xa[i : i + take].tolist())
+                self._pend_x.append(xa[i : i + take].copy())
+                self._pend_blocks = True
                 self._pend_y.extend(ya[i : i + take].tolist())
                 self._pend_w.extend(wa[i : i + take].tolist())
             else:  # a whole aligned chunk: fold it straight from the arrays
@@ -387,7 +390,8 @@ class RLSRegressor(base.Regressor):
             m = j - i
             # learn_many's bookkeeping, for finite rows of weight 1
             if self._pend_y or m < k:
-                self._pend_x.extend(x.tolist())
+                self._pend_x.append(x.copy())
+                self._pend_blocks = True
                 self._pend_y.extend(y[i:j])
                 self._pend_w.extend([1.0] * m)
             else:
@@ -681,7 +685,12 @@ class RLSRegressor(base.Regressor):
         """Fold buffered rows into (A, b), weights computed with the frozen θ_w and σ_w."""
         if not self._pend_y:
             return
-        x = np.array(self._pend_x, dtype=float)
+        if self._pend_blocks:
+            d = self._d
+            x = np.concatenate([np.asarray(r, dtype=float).reshape(-1, d) for r in self._pend_x])
+            self._pend_blocks = False
+        else:
+            x = np.array(self._pend_x, dtype=float)
         y, w = self._pend_y, self._pend_w
         self._pend_x, self._pend_y, self._pend_w = [], [], []
         self._fold_rows(x, [float(v) for v in y], [float(v) for v in w])
