@@ -17,7 +17,7 @@ extended basis, the batch refit, evaluation windows, metrics) — timed per obse
 simfleet's steady Llama-3.1-8B engine with every step and journey sampled
 (``--seconds`` of data), in the batches the joiner hands over (one export request or one
 tick at a time). Step observations and finished requests (α, queue wait) are timed
-apart; the first quarter of the stream warms the learners up (a young learner folds
+apart; the batches of the first quarter of the observations warm the learners up (a young learner folds
 every row, once per configuration). Each figure is process CPU time, best of
 ``--repeat``, as a ratio to the bare ``learn_one`` of the same run. Target: the step
 path ≤ 5× the bare ``learn_one``.
@@ -104,7 +104,9 @@ def production(
     want = StepObservation if kind == "step" else RequestObservation
     picked = [[o for o in b if isinstance(o, want)] for b in batches]
     picked = [b for b in picked if b]
-    warm = int(len(picked) * WARM)
+    # the batches holding the first WARM of the observations (the first ones are small)
+    sizes = np.cumsum([len(b) for b in picked])
+    warm = int(np.searchsorted(sizes, WARM * sizes[-1])) + 1
     n = sum(len(b) for b in picked[warm:])
     beta0 = [0.0]
 

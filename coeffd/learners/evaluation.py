@@ -243,6 +243,10 @@ class Evaluator:
     def __init__(self, window: int = 500) -> None:
         self.window = window
         self._err: dict[tuple[str, str, str, str], RollingError] = {}
+        # Rows recorded one at a time wait here (y, ŷ per window) and enter their windows
+        # in one array update when anything reads them: a finished request scores four
+        # targets, and two ring appends per source and row cost more than learning it.
+        self._pending: dict[tuple[str, str, str, str], tuple[list[float], list[float]]] = {}
 
     def record(
         self,
@@ -260,9 +264,26 @@ class Evaluator:
             if yhat is None or not math.isfinite(yhat):
                 continue
             for reg in ("all", regime) if regime else ("all",):
-                rel = self._rolling(config, target, source, reg).update(y, yhat)
-            out[source] = rel
+                key = (config, target, source, reg)
+                rows = self._pending.get(key)
+                if rows is None:
+                    rows = self._pending[key] = ([], [])
+                rows[0].append(y)
+                rows[1].append(yhat)
+                if len(rows[0]) >= self.window:  # bounded while nothing reads
+                    self._flush()
+            err = y - yhat
+            out[source] = abs(err) / abs(y) if y != 0 else (0.0 if err == 0 else math.inf)
         return out
+
+    def _flush(self) -> None:
+        """Put the rows recorded one at a time into their windows (the same windows as
+        :meth:`RollingError.update` row by row: :meth:`RollingError.update_many`)."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, {}
+        for (config, target, source, reg), (ys, ps) in pending.items():
+            self._rolling(config, target, source, reg).update_many(np.array(ys), np.array(ps))
 
     def record_many(
         self,
@@ -284,6 +305,7 @@ class Evaluator:
         >>> a.summary("c", "t") == b.summary("c", "t")
         True
         """
+        self._flush()  # rows recorded one at a time first, in order
         finite_y = np.isfinite(y)
         regs = np.asarray(regimes) if regimes is not None else None
         for source, yhat in predictions.items():
@@ -309,6 +331,7 @@ class Evaluator:
 
     def summary(self, config: str, target: str) -> dict[str, dict[str, dict[str, float]]]:
         """``{source: {regime or "all": {"mape", "rmse", "n"}}}``."""
+        self._flush()
         out: dict[str, dict[str, dict[str, float]]] = {}
         for (c, t, source, reg), e in self._err.items():
             if c == config and t == target:
@@ -316,14 +339,17 @@ class Evaluator:
         return out
 
     def mape(self, config: str, target: str, source: str = "learned", regime: str = "all") -> float:
+        self._flush()
         e = self._err.get((config, target, source, regime))
         return e.mape if e is not None else math.nan
 
     def targets(self, config: str) -> list[str]:
+        self._flush()
         return sorted({t for (c, t, _, _) in self._err if c == config})
 
     def drop(self, config: str) -> None:
         """Forget a configuration (bounded memory when the registry evicts it)."""
+        self._flush()
         for key in [k for k in self._err if k[0] == config]:
             del self._err[key]
 

@@ -91,3 +91,18 @@ def test_batch_refit_warm_start_equals_a_cold_refit() -> None:
         a = (xs * w[:, None]).T @ xs
         a += np.eye(len(a)) * 1e-12 * max(float(np.trace(a)), 1e-300)
         assert np.array_equal(m.coef, nnls_information(a, xs.T @ (w * ys)))
+
+
+def test_evaluator_rows_recorded_one_at_a_time_reach_the_same_windows() -> None:
+    from coeffd.learners.evaluation import Evaluator, RollingError
+
+    rng = np.random.default_rng(4)
+    ev, ref = Evaluator(window=50), RollingError(50)
+    for i, y in enumerate(rng.uniform(0.0, 10.0, 400).tolist()):
+        yhat = y * (1.0 + rng.normal(0, 0.1)) if i % 9 else y  # some exact predictions
+        rel = ev.record("c", "t", y, {"learned": yhat, "none": float("nan")})
+        assert rel["learned"] == ref.update(y, yhat) and "none" not in rel
+        if i % 37 == 0:  # reads in between put what waits into the windows first
+            assert ev.summary("c", "t")["learned"]["all"] == ref.as_dict()
+    assert ev.mape("c", "t") == ref.mape and ev.targets("c") == ["t"]
+    assert ev.summary("c", "t")["learned"]["all"] == ref.as_dict()
