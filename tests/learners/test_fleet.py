@@ -23,6 +23,7 @@ from coeffd.learners.fleet.model import SOURCES, FleetModel, one_se_choice
 from coeffd.learners.fleet.results import FLEET_ID
 from coeffd.learners.registry import LearnerRegistry
 from coeffd.receivers.otlp.decode import Decoder
+from coeffd.records.observations import StepObservation
 from coeffd.simfleet import SampleRates, run
 from coeffd.simfleet.scenarios import FLEET_SHARED, fleet_shared_engine
 
@@ -38,8 +39,18 @@ def learned() -> tuple[LearnerRegistry, dict[str, Any]]:
     dec, joiner, reg = Decoder(), Joiner(), LearnerRegistry()
 
     def learn(observations: Any) -> None:
+        # as the daemon's consumer does: each batch's step observations learned per
+        # configuration in one vectorised call (the same computation as one by one,
+        # tests/learners/test_registry_batch.py), requests one by one
+        steps: dict[str, tuple[ServingConfig, list[StepObservation]]] = {}
         for o in observations:
-            reg.learn(ServingConfig.from_resource(o.source), o)
+            cfg = ServingConfig.from_resource(o.source)
+            if isinstance(o, StepObservation):
+                steps.setdefault(cfg.id, (cfg, []))[1].append(o)
+            else:
+                reg.learn(cfg, o)
+        for cfg, batch in steps.values():
+            reg.learn_steps(cfg, batch)
 
     res = run(
         specs,
