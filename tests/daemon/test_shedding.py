@@ -73,8 +73,17 @@ def _learn(batches: list[list[Any]], tmp: Path, backlog: float) -> tuple[Learnin
     return consumer, learned
 
 
-def test_no_backlog_learns_everything(batches: list[list[Any]], tmp_path: Path) -> None:
-    consumer, got = _learn(batches, tmp_path, 0.0)
+@pytest.fixture(scope="module")
+def unshed(
+    batches: list[list[Any]], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[LearningConsumer, dict]:
+    """``batches`` learned with no backlog, once for the tests that compare with it (they
+    only read the closed consumer and its counts)."""
+    return _learn(batches, tmp_path_factory.mktemp("unshed"), 0.0)
+
+
+def test_no_backlog_learns_everything(unshed: tuple[LearningConsumer, dict]) -> None:
+    consumer, got = unshed
     assert consumer.shed == consumer.shed_requests == 0
     assert got.get("shed:step", 0) == got.get("shed:request", 0) == 0
     assert got["coeffd_learning_keep_ratio"] == 1.0
@@ -83,9 +92,9 @@ def test_no_backlog_learns_everything(batches: list[list[Any]], tmp_path: Path) 
 
 @pytest.mark.parametrize("backlog", [0.3, 1.0])
 def test_backlog_learns_an_even_share_of_steps_and_requests(
-    batches: list[list[Any]], tmp_path: Path, backlog: float
+    batches: list[list[Any]], unshed: tuple[LearningConsumer, dict], tmp_path: Path, backlog: float
 ) -> None:
-    _, full = _learn(batches, tmp_path / "full", 0.0)
+    _, full = unshed
     consumer, got = _learn(batches, tmp_path / "shed", backlog)
     keep = consumer.shedder.update(backlog)  # type: ignore[union-attr]
     assert keep == pytest.approx(0.515625 if backlog == 0.3 else 1 / 32)
