@@ -382,11 +382,9 @@ class EngineState:
         if not (self._explained(prev) and self._explained(n)):
             return [], {"incomplete": n - prev - 1}
         a = 1 if mode else 0
+        pins = self.starts.points(range(prev + a, n + a + 2), a)
         if shed:
-            for m in range(prev + a, n + a + 2):
-                self.starts.point(m, a)
             return [], {}
-        pins = [p for m in range(prev + a, n + a + 2) if (p := self.starts.point(m, a)) is not None]
         batches = self._segment_batches(prev, n, self._span_steps(pins, a, prev, n))
         spans, why = pinned.spans(pins, batches, a, self.cfg.max_span_steps)
         why.pop("summary", None)

@@ -317,6 +317,19 @@ class StepStarts:
         half = lo.half_ns + frac * (hi.half_ns - lo.half_ns) + 0.02 * gap / (hi.step - lo.step)
         return pinned.Pin(n, lo.t_ns + frac * gap, half)
 
+    def points(self, steps: range, a: int) -> list[pinned.Pin]:
+        """:meth:`point` of each of ``steps`` that has one, in order: asked only of the
+        steps a summary or an anchor pins (the rest have no point and no side effect)."""
+        summaries = self.summaries
+        sched, queued, compl = self.anchors
+        out: list[pinned.Pin] = []
+        for m in steps:
+            if m in summaries or sched.get(m) or queued.get(m - 1) or compl.get(m - 1 - a):
+                p = self.point(m, a)
+                if p is not None:
+                    out.append(p)
+        return out
+
     def _nearest(self, steps: range, a: int) -> pinned.Pin | None:
         """The first of ``steps`` whose start is pinned (:meth:`point`), asking it only of
         the steps a summary or a calibrated anchor type could pin: most have neither."""
