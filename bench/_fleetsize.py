@@ -449,7 +449,10 @@ def search(
     sender = FleetSender(d.ports["otlp_grpc"], rec, templates)
     try:
         while True:
-            lvl = run_level(d, sender, engines, plan.warm, plan.seconds)
+            # a fresh daemon's first level warms a window longer: its start (learners
+            # created, first snapshots) trims the keep ratio for a few seconds
+            warm = plan.warm * (2 if engines == plan.start else 1)
+            lvl = run_level(d, sender, engines, warm, plan.seconds)
             print(lvl.line(), flush=True)
             sender_held &= not (lvl.daemon_ok and lvl.sender_limited)
             if not lvl.ok:
@@ -471,7 +474,7 @@ def search(
             if best:
                 sender.grow(best)
                 sender.send(plan.warm + plan.seconds)
-            lvl = run_level(d, sender, mid, plan.warm, plan.seconds)
+            lvl = run_level(d, sender, mid, plan.warm * (1 if best else 2), plan.seconds)
         finally:
             sender.close()
             d.stop()
