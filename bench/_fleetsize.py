@@ -30,6 +30,10 @@ sampled). A bisection's level runs on a fresh daemon after a level it held, as t
 doubling levels do. ``--quick --part rate`` (from 64 engines, one bisection, 30 s
 recording) takes ~3 minutes. Targets (issue 34): ≥ 1,000 engines per core, ≥ 5× the
 baseline revision.
+
+Measured 2026-11-28 (``--quick``, 2 shared cores under load 4–5): this tree 384 engines
+per core, 7e2957b 128 in the same run (3.0×: both targets missed); ingest-only
+1,536–3,072; every step sampled 8 (bench/README.md has the runs).
 """
 
 from __future__ import annotations
