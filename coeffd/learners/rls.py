@@ -345,8 +345,10 @@ class RLSRegressor(base.Regressor):
         >>> m.predict_prequential({"a": 1.0})
         0.0
         """
-        theta = self.prediction_coef(nonnegative).tolist()
-        return float(sum(map(operator.mul, theta, map(x.get, self.features, self._zeros))))
+        theta = self.prediction_coef(nonnegative)
+        if self._d == 1:  # the sum of one product, without the list
+            return float(theta[0]) * float(x.get(self.features[0], 0.0))
+        return float(sum(map(operator.mul, theta.tolist(), map(x.get, self.features, self._zeros))))
 
     def learn_many_prequential(
         self, X: FloatArray, y: FloatArray, *, nonnegative: bool = True

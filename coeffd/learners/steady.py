@@ -183,7 +183,7 @@ class SteadyEstimator:
         out = ps if self.mode == STEADY else pf
         self.fast.learn_one(x, y)
         self.slow.learn_one(x, y)
-        self._compare_rows([y], [pf], [ps])
+        self._compare_one(y, pf, ps)
         return out
 
     def learn_row_scored(self, x: FloatArray, y: float) -> float:
@@ -215,7 +215,26 @@ class SteadyEstimator:
             b += g * (r - b)
             bf += g * (a - bf)
         self._err_fast, self._err_slow, self._bias_slow, self._bias_fast = f, s, b, bf
-        self._rows += len(ys)
+        self._judge(len(ys), g)
+
+    def _compare_one(self, y: float, pf: float, ps: float) -> None:
+        """:meth:`_compare_rows` of one row (a finished request's α), the same arithmetic
+        without the lists."""
+        g = 1.0 / max(self.memory, 1)
+        f, s = self._err_fast, self._err_slow
+        ay = max(abs(y), 1e-12)
+        a = min(max((y - pf) / ay, -_ERR_CLIP), _ERR_CLIP)
+        r = min(max((y - ps) / ay, -_ERR_CLIP), _ERR_CLIP)
+        self._err_fast = abs(a) if f != f else f + g * (abs(a) - f)  # f != f: nothing yet
+        self._err_slow = abs(r) if s != s else s + g * (abs(r) - s)
+        self._bias_slow += g * (r - self._bias_slow)
+        self._bias_fast += g * (a - self._bias_fast)
+        self._judge(1, g)
+
+    def _judge(self, rows: int, g: float) -> None:
+        """After ``rows`` compared rows: switch modes when the comparison says so."""
+        s, b, bf, f = self._err_slow, self._bias_slow, self._bias_fast, self._err_fast
+        self._rows += rows
         # Lag: the long-memory residuals are biased (an EW mean of residuals has sd ≈
         # σ·√(g/2), σ ≈ 1.25·E|e|) while the fast ones are not (both are while they
         # converge from the prior).
