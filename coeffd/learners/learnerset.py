@@ -56,6 +56,8 @@ RECENT_ROWS = 256
 #: up to ~1,400 steps at every-step sampling on simfleet), and one must not flip the
 #: choice; a change of journey sampling is followed after ~7,000 steps (a minute or two).
 EXACT_SHARE_MEMORY = 10_000
+#: BLIS's shipped α by target (each finished request is scored against them)
+_DEFAULT_ALPHA: dict[str, float] = dict(zip(ALPHA_TARGETS, BLIS_DEFAULT_ALPHA, strict=True))
 
 
 class LearnerSet:
@@ -330,7 +332,7 @@ class LearnerSet:
 
     def _learn_request(self, obs: RequestObservation, evaluator: Evaluator | None) -> list[Scored]:
         out: list[Scored] = []
-        default = dict(zip(ALPHA_TARGETS, BLIS_DEFAULT_ALPHA, strict=True))
+        default = _DEFAULT_ALPHA
         # BLIS's α0 is arrival → enqueued; vLLM's QUEUED also waits for the engine loop's
         # next iteration boundary, which BLIS simulates itself: learn α0 without it, and
         # not at all while the joiner cannot estimate it yet.
