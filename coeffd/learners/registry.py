@@ -27,7 +27,7 @@ from coeffd.learners.learnerset import LearnerSet
 from coeffd.learners.prior import PooledPrior
 from coeffd.learners.rls import RLSRegressor
 from coeffd.learners.targets import ALPHA_TARGETS
-from coeffd.records.observations import Observation, StepObservation
+from coeffd.records.observations import Observation, RequestObservation, StepObservation
 
 __all__ = ["LearnerRegistry"]
 
@@ -166,6 +166,15 @@ class LearnerRegistry:
         if not out:
             self.rejected += 1
         return out
+
+    def learn_requests(
+        self, config: ServingConfig, requests: Sequence[RequestObservation]
+    ) -> tuple[list[Scored], int]:
+        """:meth:`learn` for many finished requests of one configuration, in one loop;
+        returns the scores and how many requests scored anything."""
+        out, learned = self.ensure(config).learn_requests(requests, self.evaluator)
+        self.rejected += len(requests) - learned
+        return out, learned
 
     def learn_steps(self, config: ServingConfig, steps: Sequence[StepObservation]) -> list[Scored]:
         """:meth:`learn` for many step observations of one configuration (vectorised)."""

@@ -64,6 +64,9 @@ _SQRT_HALF_PI = math.sqrt(math.pi / 2.0)  # E|e| = σ·√(2/π) for Gaussian e
 _RENORMALISE_BELOW = 1e-150  # keep the running scale inside float range
 
 
+#: The row of a one-feature learner's intercept (learn_intercept), shared.
+_ONE_ROW = [1.0]
+
 #: Below this many learned rows, predictions fold pending rows first (see prediction_coef).
 _YOUNG_ROWS = 128
 
@@ -218,6 +221,26 @@ class RLSRegressor(base.Regressor):
         if self._since_refresh >= self.refresh_every:
             self._fold()
             self._refresh()
+
+    def learn_intercept(self, y: float) -> None:
+        """:meth:`learn_one` of the row ``{feature: 1.0}`` (weight 1) of a one-feature
+        learner — an α intercept, a row per finished request — without the dict."""
+        if not math.isfinite(y):  # learn_one's test for this row: 1 + y + 1 finite
+            self.n_rejected += 1
+            return
+        self._pend_x.append(_ONE_ROW)  # read, never written
+        self._pend_y.append(y)
+        self._pend_w.append(1.0)
+        self.n_learned += 1
+        self._since_refresh += 1
+        if self._since_refresh >= self.refresh_every:
+            self._fold()
+            self._refresh()
+
+    def intercept_prequential(self, nonnegative: bool = True) -> float:
+        """:meth:`predict_prequential` of the row ``{feature: 1.0}`` of a one-feature
+        learner: its coefficient as of the last fold."""
+        return float(self.prediction_coef(nonnegative)[0])
 
     def learn_many(self, X: Any, y: Any, w: npt.ArrayLike | None = None) -> None:
         """Learn rows of a 2-D array (columns in ``features`` order) or a DataFrame.

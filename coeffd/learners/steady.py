@@ -186,6 +186,17 @@ class SteadyEstimator:
         self._compare_one(y, pf, ps)
         return out
 
+    def learn_intercept_prequential(self, y: float) -> float:
+        """:meth:`learn_one_prequential` of the row ``{feature: 1.0}`` of one-feature
+        learners (the α intercepts): the same predictions and updates, without the dicts."""
+        pf = self.fast.intercept_prequential()
+        ps = self.slow.intercept_prequential()
+        out = ps if self.mode == STEADY else pf  # the mode before this row's comparison
+        self.fast.learn_intercept(y)
+        self.slow.learn_intercept(y)
+        self._compare_one(y, pf, ps)
+        return out
+
     def learn_row_scored(self, x: FloatArray, y: float) -> float:
         """One row as a 1-D array (``features`` order), predicted with each
         learner's current (freshly folded) non-negative coefficients rather than those of

@@ -161,3 +161,82 @@ def test_one_by_one_solve_is_lapacks() -> None:
         want = spd_solve(np.array([[a]]), np.array([b]))
         assert want is not None
         assert np.array_equal(_solve(np.array([[a]]), np.array([b]), np.zeros(1)), want)
+
+
+def _state(m: RLSRegressor) -> dict[str, object]:
+    """A learner's state without its drift alarms' wall clocks (when the test ran)."""
+    st = m.state_dict()
+    drift = st.pop("drift")
+    if drift is not None:
+        st["alarms"] = [e["n"] for e in drift["history"]]
+    return st
+
+
+def test_intercept_paths_are_learn_one_of_the_intercept_row() -> None:
+    """A finished request's α rows go through ``learn_intercept`` (no dict): the same
+    learner, bit for bit, as ``learn_one({"one": 1.0}, y)``; likewise the steady pair."""
+    from coeffd.learners.steady import SteadyEstimator
+
+    y = [*_alpha_stream(3000, seed=3).tolist(), float("nan"), float("inf")]
+    one, fast = _learner("output_token", 300.0), _learner("output_token", 300.0)
+    for t in y:
+        assert fast.intercept_prequential() == one.predict_prequential({"one": 1.0})
+        one.learn_one({"one": 1.0}, t)
+        fast.learn_intercept(t)
+    assert np.array_equal(one.coef, fast.coef) and _state(one) == _state(fast)
+    assert fast.n_rejected == 2
+
+    def pair() -> SteadyEstimator:
+        return SteadyEstimator(
+            _learner("arrival_to_queued", 300.0), _learner("arrival_to_queued_steady", 300.0)
+        )
+
+    a, b = pair(), pair()
+    got = [a.learn_intercept_prequential(t) for t in y[:-2]]
+    want = [b.learn_one_prequential({"one": 1.0}, t) for t in y[:-2]]
+    assert got == want and a.state_dict() == b.state_dict() and a.switches > 0
+    assert _state(a.fast) == _state(b.fast) and _state(a.slow) == _state(b.slow)
+
+
+def test_a_burst_of_requests_learns_as_one_by_one() -> None:
+    """``LearnerRegistry.learn_requests`` (the consumer's path for a joiner burst) gives
+    the scores, estimates and counters of ``learn`` request by request."""
+    from coeffd.joiner import Joiner
+    from coeffd.learners.features.config import ServingConfig
+    from coeffd.learners.registry import LearnerRegistry
+    from coeffd.receivers.otlp.decode import Decoder
+    from coeffd.records.observations import RequestObservation
+    from coeffd.simfleet import SampleRates, run
+
+    dec = Decoder()
+    records: list[object] = []
+    run(
+        "steady",
+        20,
+        2,
+        rates=SampleRates(1.0, 0.01, 0.0, 100),
+        trace_sinks=[lambda req: records.extend(dec.decode(req).records)],
+        max_events=200_000,
+    )
+    j = Joiner()
+    obs = j.push_many(records) + j.flush()  # type: ignore[arg-type]
+    reqs = [o for o in obs if isinstance(o, RequestObservation)]
+    assert len(reqs) > 100
+    cfg = ServingConfig(model="llama-3.1-8b-instruct", gpu="H100")  # simfleet's engine
+    one, burst = LearnerRegistry(), LearnerRegistry()
+    want = [s for o in reqs for s in one.learn(cfg, o)]
+    got = []
+    n = 0
+    for i in range(0, len(reqs), 37):
+        scored, learned = burst.learn_requests(cfg, reqs[i : i + 37])
+        got.extend(scored)
+        n += learned
+    assert got == want and n == one.get(cfg.id).observations  # type: ignore[union-attr]
+    assert burst.rejected == one.rejected
+    a, b = one.estimate(cfg.id), burst.estimate(cfg.id)
+    assert a.alpha == b.alpha and a.errors == b.errors and a.version == b.version
+    ls_one, ls_burst = one.get(cfg.id), burst.get(cfg.id)
+    assert ls_one is not None and ls_burst is not None
+    assert {k: _state(m) for k, m in ls_one.learners.items()} == {
+        k: _state(m) for k, m in ls_burst.learners.items()
+    }

@@ -299,6 +299,9 @@ class LearningConsumer:
         # Step observations come in bursts (a joiner sweep): each configuration's are
         # learned in one vectorised call, the same computation as one by one.
         steps: dict[str, tuple[ServingConfig, list[StepObservation]]] = {}
+        # Finished requests likewise: each configuration's in one loop (their α and
+        # queue learners are not the step learners, so the order between them is free).
+        requests: dict[str, tuple[ServingConfig, list[RequestObservation]]] = {}
         keep_request = self.load.keep_request if self.load.step_filter is not None else None
         for obs in observations:
             cfg = self.resolver.resolve(obs.source)
@@ -319,15 +322,20 @@ class LearningConsumer:
             if isinstance(obs, StepObservation):
                 steps.setdefault(cid, (cfg, []))[1].append(obs)
                 continue
-            if (
-                keep_request is not None
-                and isinstance(obs, RequestObservation)
-                and not keep_request(obs.request_id)
-            ):
+            if isinstance(obs, RequestObservation):
+                if keep_request is None or keep_request(obs.request_id):
+                    requests.setdefault(cid, (cfg, []))[1].append(obs)
                 continue
             scored = self.registry.learn(cfg, obs)
             if scored:
                 self.observations += 1
+                self.publisher.pending(cid, now)
+                for s in scored:
+                    self._record(cid, s)
+        for cid, (cfg, reqs) in requests.items():
+            scored, learned = self.registry.learn_requests(cfg, reqs)
+            if learned:
+                self.observations += learned
                 self.publisher.pending(cid, now)
                 for s in scored:
                     self._record(cid, s)
