@@ -378,7 +378,7 @@ class LearnerSet:
                 m.learn_intercept(y)
             preds = {"learned": learned, "blis_default": default[target]}
             if evaluator is not None:
-                evaluator.record(self.config.id, target, y, preds)
+                evaluator.add(self.config.id, target, y, preds)
             out.append(Scored(target, y, preds))
         qs = obs.queue_state
         if obs.queue_wait_us is not None and qs is not None:

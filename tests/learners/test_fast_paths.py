@@ -240,3 +240,15 @@ def test_a_burst_of_requests_learns_as_one_by_one() -> None:
     assert {k: _state(m) for k, m in ls_one.learners.items()} == {
         k: _state(m) for k, m in ls_burst.learners.items()
     }
+
+
+def test_evaluator_add_is_record_without_a_regime() -> None:
+    from coeffd.learners.evaluation import Evaluator
+
+    rng = np.random.default_rng(6)
+    a, b = Evaluator(window=40), Evaluator(window=40)
+    for y in [*rng.uniform(0.0, 10.0, 300).tolist(), float("nan")]:
+        preds = {"learned": y * 1.1, "blis_default": 2.0, "none": float("nan")}
+        a.add("c", "t", y, preds)
+        b.record("c", "t", y, preds)
+    assert a.summary("c", "t") == b.summary("c", "t") and a.targets("c") == ["t"]
