@@ -353,7 +353,8 @@ class RLSRegressor(base.Regressor):
         if self._pred is None:
             theta = self._pred_free
             assert theta is not None
-            if not np.all(theta >= 0):
+            # one feature: a float comparison (np.all costs ~2 µs a call, once a fold)
+            if not (theta[0] >= 0.0 if self._d == 1 else np.all(theta >= 0)):
                 a, b = self._pred_ab
                 theta = nnls_information(a, b, warm=self._positive)
                 self._positive = theta > 0  # the next fold rarely changes the active set
