@@ -8,25 +8,13 @@ from prometheus_client import CollectorRegistry
 
 from coeffd.daemon.assemble import build_consumer
 from coeffd.daemon.settings import load_settings
-from coeffd.joiner import Joiner
-from coeffd.receivers.otlp.decode import Decoder
 from coeffd.records.observations import RequestObservation
-from coeffd.simfleet import SampleRates, run
+from coeffd.simfleet import SampleRates
+from tests.support.simfleet_obs import simfleet_observations
 
 
 def _requests() -> list[RequestObservation]:
-    dec = Decoder()
-    records: list[object] = []
-    run(
-        "steady",
-        8,
-        2,
-        rates=SampleRates(1.0, 0.01, 0.0, 100),
-        trace_sinks=[lambda req: records.extend(dec.decode(req).records)],
-        max_events=100_000,
-    )
-    j = Joiner()
-    obs = j.push_many(records) + j.flush()  # type: ignore[arg-type]
+    obs = simfleet_observations(8, 2, SampleRates(1.0, 0.01, 0.0, 100))
     return [o for o in obs if isinstance(o, RequestObservation)]
 
 

@@ -18,6 +18,7 @@ from coeffd.learners.nnls import nnls_information
 from coeffd.learners.prior import prior_precision
 from coeffd.learners.rls import RLSRegressor
 from coeffd.learners.targets import make_learner
+from tests.support.simfleet_obs import simfleet_observations
 
 
 def _stream(n: int = 3000, seed: int = 7) -> tuple[np.ndarray, np.ndarray]:
@@ -216,25 +217,12 @@ def test_intercept_paths_are_learn_one_of_the_intercept_row() -> None:
 def test_a_burst_of_requests_learns_as_one_by_one() -> None:
     """``LearnerRegistry.learn_requests`` (the consumer's path for a joiner burst) gives
     the scores, estimates and counters of ``learn`` request by request."""
-    from coeffd.joiner import Joiner
     from coeffd.learners.features.config import ServingConfig
     from coeffd.learners.registry import LearnerRegistry
-    from coeffd.receivers.otlp.decode import Decoder
     from coeffd.records.observations import RequestObservation
-    from coeffd.simfleet import SampleRates, run
+    from coeffd.simfleet import SampleRates
 
-    dec = Decoder()
-    records: list[object] = []
-    run(
-        "steady",
-        20,
-        2,
-        rates=SampleRates(1.0, 0.01, 0.0, 100),
-        trace_sinks=[lambda req: records.extend(dec.decode(req).records)],
-        max_events=200_000,
-    )
-    j = Joiner()
-    obs = j.push_many(records) + j.flush()  # type: ignore[arg-type]
+    obs = simfleet_observations(20, 2, SampleRates(1.0, 0.01, 0.0, 100), max_events=200_000)
     reqs = [o for o in obs if isinstance(o, RequestObservation)]
     assert len(reqs) > 100
     cfg = ServingConfig(model="llama-3.1-8b-instruct", gpu="H100")  # simfleet's engine

@@ -5,27 +5,15 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
-from coeffd.joiner import Joiner
 from coeffd.learners.features.config import ServingConfig
 from coeffd.learners.registry import LearnerRegistry
-from coeffd.receivers.otlp.decode import Decoder
 from coeffd.records.observations import Composition, StepObservation
-from coeffd.simfleet import SampleRates, run
+from coeffd.simfleet import SampleRates
+from tests.support.simfleet_obs import simfleet_observations
 
 
 def _steps() -> list[StepObservation]:
-    dec = Decoder()
-    records: list[object] = []
-    run(
-        "steady",
-        40,
-        3,
-        rates=SampleRates(1.0, 1.0, 0.05, 100),
-        trace_sinks=[lambda req: records.extend(dec.decode(req).records)],
-        max_events=100_000,
-    )
-    j = Joiner()
-    obs = j.push_many(records) + j.flush()  # type: ignore[arg-type]
+    obs = simfleet_observations(40, 3, SampleRates(1.0, 1.0, 0.05, 100))
     return [o for o in obs if isinstance(o, StepObservation)]
 
 

@@ -5,30 +5,18 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
-from coeffd.joiner import Joiner
 from coeffd.learners.features.config import BasisResolver, ServingConfig
 from coeffd.learners.features.extended import extended_terms
 from coeffd.learners.features.observe import step_features
 from coeffd.learners.features.rows import step_rows
 from coeffd.learners.linalg import spd_solve
-from coeffd.receivers.otlp.decode import Decoder
 from coeffd.records.observations import Composition, StepObservation
-from coeffd.simfleet import SampleRates, run
+from coeffd.simfleet import SampleRates
+from tests.support.simfleet_obs import simfleet_observations
 
 
 def _steps(seconds: float = 6.0) -> list[StepObservation]:
-    dec = Decoder()
-    records: list[object] = []
-    run(
-        "steady",
-        seconds,
-        5,
-        rates=SampleRates(1.0, 1.0, 0.05, 100),
-        trace_sinks=[lambda req: records.extend(dec.decode(req).records)],
-        max_events=100_000,
-    )
-    j = Joiner()
-    obs = j.push_many(records) + j.flush()  # type: ignore[arg-type]
+    obs = simfleet_observations(seconds, 5, SampleRates(1.0, 1.0, 0.05, 100))
     return [o for o in obs if isinstance(o, StepObservation)]
 
 
