@@ -114,12 +114,28 @@ class Router:
     def __init__(self) -> None:
         self._exact: dict[str, dict[str, Handler]] = {}
         self._prefix: list[tuple[str, dict[str, Handler]]] = []
+        self._inline: set[Handler] = set()
         self._lock = threading.Lock()
 
-    def add_route(self, method: str, path: str, handler: Handler, *, prefix: bool = False) -> None:
-        """Register ``handler``; ``prefix=True`` matches every path starting with ``path``."""
+    def add_route(
+        self,
+        method: str,
+        path: str,
+        handler: Handler,
+        *,
+        prefix: bool = False,
+        inline: bool = False,
+    ) -> None:
+        """Register ``handler``; ``prefix=True`` matches every path starting with ``path``.
+
+        ``inline=True``: the handler runs on the server's loop, not its thread pool — for
+        handlers that only read a flag (``/healthz``): a probe then needs no hand-off to a
+        pool thread and back, each of which waits for the GIL behind busy threads.
+        """
         method = method.upper()
         with self._lock:
+            if inline:
+                self._inline.add(handler)
             if not prefix:
                 self._exact.setdefault(path, {})[method] = handler
                 return
@@ -144,6 +160,10 @@ class Router:
         if h is None and method.upper() == "HEAD":
             h = methods.get("GET")
         return h, sorted(methods)
+
+    def inline(self, handler: Handler) -> bool:
+        """Whether ``handler`` was registered to run on the loop (``add_route(inline=True)``)."""
+        return handler in self._inline
 
 
 class _Refused(Exception):
@@ -537,7 +557,7 @@ class HttpServer:
         )
         resp: Response
         try:
-            if self.inline_handlers or self._pool is None:
+            if self.inline_handlers or self._pool is None or self.router.inline(handler):
                 resp = handler(req)
             else:
                 loop = asyncio.get_running_loop()

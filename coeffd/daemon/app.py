@@ -181,7 +181,7 @@ class App:
         self.router = router if router is not None else Router()
         self.router.add_route("GET", "/", self._index)
         self.router.add_route("GET", "/metrics", self._metrics)
-        self.router.add_route("GET", "/healthz", self._healthz)
+        self.router.add_route("GET", "/healthz", self._healthz, inline=True)  # reads a flag
         self.router.add_route("GET", "/readyz", self._readyz)
         self.ready = False
         #: Named readiness checks: ``/readyz`` answers 503 naming every check that fails.

@@ -302,3 +302,37 @@ def test_ambiguous_framing_refused_and_nothing_after_it_runs(app: App, framing: 
     answer = _exchange(port, _good_request(close=True))
     assert _status(answer) == 200
     assert _records(app) == 2
+
+
+def test_inline_routes_run_on_the_loop_and_the_rest_on_the_pool() -> None:
+    """``/healthz`` is registered inline: a probe is answered on the server's loop thread,
+    with no hand-off to a pool thread (each hand-off waits for the GIL behind busy
+    threads); ordinary routes still run on the pool, where they may block."""
+    import threading
+
+    r = Router()
+    r.add_route(
+        "GET", "/flag", lambda req: Response.text(200, threading.current_thread().name), inline=True
+    )
+    r.add_route("GET", "/work", lambda req: Response.text(200, threading.current_thread().name))
+    s = HttpServer("127.0.0.1", 0, r)
+    s.start()
+    try:
+        base = f"http://127.0.0.1:{s.port}"
+        with urllib.request.urlopen(f"{base}/flag", timeout=5) as resp:
+            on_flag = resp.read().decode().strip()
+        with urllib.request.urlopen(f"{base}/work", timeout=5) as resp:
+            on_work = resp.read().decode().strip()
+    finally:
+        s.stop()
+    assert on_flag != on_work
+    assert r.inline(r.resolve("GET", "/flag")[0]) and not r.inline(r.resolve("GET", "/work")[0])
+    # the loop thread is named after the listener; pool threads add a worker suffix
+    assert on_work.startswith(on_flag + "_"), (on_flag, on_work)
+
+
+def test_daemon_answers_healthz_on_its_loop(app: App) -> None:
+    handler, _ = app.router.resolve("GET", "/healthz")
+    assert handler is not None and app.router.inline(handler)
+    readyz, _ = app.router.resolve("GET", "/readyz")
+    assert readyz is not None and not app.router.inline(readyz)  # its checks may touch disk
