@@ -31,7 +31,7 @@ p99 (≤ 50 ms, issue 32; also against the baseline's), peak RSS (``VmHWM``) aga
 and the baseline's (within the chart's memory limit), learning
 (``coeffd_learner_observations_total`` rises between every two samples after the first
 join window), nothing lost that was acknowledged (every event of an acknowledged valid
-request is counted received, the queue drains, no consumer error, the SIGTERM drain
+request is counted received or sampled out, the queue drains, no consumer error, the SIGTERM drain
 completes), the KV subscriber still counting valid batches after the attacks, a second
 daemon refused the port. Each attack's answers and slowest answer, and the daemon's
 warnings and errors by event, are listed, so an attack that still hurts shows by name.
@@ -765,7 +765,7 @@ def main(argv: list[str]) -> int:
         drained_queue = False
         kv_after = kv_before = 0.0
         forged: ForgedFrameResult | None = None
-        received = 0.0
+        received = sampled_out = 0.0
         consumer_errors = 0.0
         if alive:
             deadline = time.monotonic() + 120
@@ -786,7 +786,10 @@ def main(argv: list[str]) -> int:
             sock.close(0)
             kv_after = d.total("coeffd_kv_batches_total")
             forged = forged_frame(d.total, soak.kv_endpoint, soak.zctx)
-            received = d.total("coeffd_events_received_total")
+            # engine sampling skips whole engines on purpose under load (counted, not
+            # decoded): accounted for, so not lost
+            sampled_out = d.total("coeffd_events_sampled_out_total")
+            received = d.total("coeffd_events_received_total") + sampled_out
             consumer_errors = d.total("coeffd_pipeline_consumer_errors_total")
             hwm_mb = d.hwm_mb()
         else:
@@ -847,7 +850,8 @@ def main(argv: list[str]) -> int:
         f"\nlearning: observations {obs[0][1] if obs else 0:,.0f} → {obs[-1][1] if obs else 0:,.0f} "
         f"after the first window; rising between every two of {len(obs)} samples: {rising}"
         f"\nvalid traffic: {soak.acked_events:,} events acknowledged ({soak.pushbacks} push-backs, "
-        f"resent); received by the daemon (all receivers) {received:,.0f}; lost {lost:,.0f}; "
+        f"resent); received by the daemon (all receivers) {received:,.0f}, of which "
+        f"{sampled_out:,.0f} sampled out by engine sampling; lost {lost:,.0f}; "
         f"queue drained: {drained_queue}; consumer errors {consumer_errors:.0f}"
         f"\nKV after the attacks: {kv_after - kv_before:.0f} of 10 valid batches counted"
         f"\nKV forged frame (issue 32.4): {forged or 'not run (daemon down)'}"
