@@ -63,7 +63,7 @@ def request(*scopes: tuple[str, list[dict[str, Any]]]) -> ExportTraceServiceRequ
     )
 
 
-def _override(a: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+def override(a: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     """Apply ``key__part=value`` overrides (``.`` spelled ``__``); ``None`` removes a key."""
     for k, v in over.items():
         key = k.replace("__", ".")
@@ -76,14 +76,14 @@ def _override(a: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 def journey(kind: str = "QUEUED", **over: Any) -> tuple[str, dict[str, Any]]:
     """A spec-shaped journey event (R1's QUEUED numbers), with overrides."""
-    return "journey." + kind, _override(
+    return "journey." + kind, override(
         journey_attrs(kind, 5000003911206, 1041, "WAITING", 0, 0), over
     )
 
 
 def summary_attrs(step: int = 1042, **over: Any) -> dict[str, Any]:
     """A spec-shaped BATCH_SUMMARY (step 1042's numbers), with overrides."""
-    return _override(summary(step, 5000003998412, 5000004377901, 25, 24), over)
+    return override(summary(step, 5000003998412, 5000004377901, 25, 24), over)
 
 
 def core_span(

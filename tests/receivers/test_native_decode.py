@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from otlp_builders import override
 
 from bench.ingest import build_api_request, build_core_request, build_step_request
 from coeffd.receivers.otlp import native
@@ -143,7 +144,7 @@ def summary(step: int = 1042, **over: Any) -> dict[str, Any]:
         "kv.blocks_total_gpu": 8192,
         "kv.blocks_free_gpu": 6144,
     }
-    return _over(a, over)
+    return override(a, over)
 
 
 def journey(**over: Any) -> dict[str, Any]:
@@ -160,17 +161,7 @@ def journey(**over: Any) -> dict[str, Any]:
         "num_preemptions": 0,
         "schedule.kind": "FIRST",
     }
-    return _over(a, over)
-
-
-def _over(a: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    for k, v in over.items():
-        key = k.replace("__", ".")
-        if v is None:
-            a.pop(key, None)
-        else:
-            a[key] = v
-    return a
+    return override(a, over)
 
 
 STEP_SPAN = {
