@@ -688,13 +688,30 @@ class ContentionRun:
         )
 
 
-def contention_run(
-    model: str, gpu: str, tp: int, duration: float, seed: int, step_rate: float, keep: float
-) -> ContentionRun:
-    """Simulate one engine, decode its telemetry as when idle and while shedding, join and
-    learn both (the load controller holding the keep ratio at ``keep``)."""
+@dataclass
+class ShedTelemetry:
+    """One engine's telemetry decoded twice: as when idle (``full``) and while shedding
+    (``partial``: shed summaries read partially), with the controller that shed it."""
+
+    sim: Any
+    full: list[list[Any]]
+    partial: list[list[Any]]
+    load: Any  # LoadController, holding the keep ratio at its floor
+
+
+def shed_telemetry(
+    model: str,
+    gpu: str,
+    tp: int,
+    duration: float,
+    seed: int,
+    step_rate: float,
+    keep: float,
+    name: str = "",
+) -> ShedTelemetry:
+    """Simulate one engine (``name``, default ``contention-MODEL``) and decode every export
+    request both ways, the load controller holding the keep ratio at ``keep``."""
     from coeffd.daemon.load import LoadController, LoadShedder
-    from coeffd.joiner import Joiner, JoinerConfig
     from coeffd.receivers.otlp.decode import Decoder, decode_request
     from coeffd.simfleet import SampleRates, ServingSetup, Workload, run
     from coeffd.simfleet.scenarios import _engine
@@ -714,7 +731,7 @@ def contention_run(
         partial.append(list(decode_request(req, shedding).records))
 
     spec = _engine(
-        f"contention-{model}",
+        name or f"contention-{model}",
         ServingSetup(model=model, gpu=gpu, tp=tp),
         Workload(rate_per_s=6.0, profile="mixed"),
     )
@@ -727,18 +744,35 @@ def contention_run(
         record_steps=True,
         drain_s=5.0,
     )
+    return ShedTelemetry(sim, full, partial, load)
+
+
+def join_batches(batches: list[list[Any]], load: Any = None) -> list[Any]:
+    """Join decoded batches in order, then flush (``load``: the shedding controller)."""
+    from coeffd.joiner import Joiner, JoinerConfig
+
+    j = Joiner(JoinerConfig(), load=load)
+    obs: list[Any] = []
+    for batch in batches:
+        obs.extend(j.push_many(batch))
+    obs.extend(j.flush())
+    return obs
+
+
+def contention_run(
+    model: str, gpu: str, tp: int, duration: float, seed: int, step_rate: float, keep: float
+) -> ContentionRun:
+    """Simulate one engine, decode its telemetry as when idle and while shedding, join and
+    learn both (the load controller holding the keep ratio at ``keep``)."""
+    tel = shed_telemetry(model, gpu, tp, duration, seed, step_rate, keep)
     out: dict[str, tuple[float, float, int, int]] = {}
     joined: dict[str, list[Any]] = {}
-    for label, batches, ld in (("unshed", full, None), ("shed", partial, load)):
-        j = Joiner(JoinerConfig(), load=ld)
-        obs: list[Any] = []
-        for batch in batches:
-            obs.extend(j.push_many(batch))
-        obs.extend(j.flush())
-        out[label] = contention_errors(sim, obs, None if ld is None else ld.keep_request)
+    for label, batches, ld in (("unshed", tel.full, None), ("shed", tel.partial, tel.load)):
+        obs = join_batches(batches, ld)
+        out[label] = contention_errors(tel.sim, obs, None if ld is None else ld.keep_request)
         joined[label] = obs
     (e_u, a_u, s_u, r_u), (e_s, a_s, s_s, r_s) = out["unshed"], out["shed"]
-    null = subsample_null(sim, joined["unshed"], s_s / max(s_u, 1), keep, NULL_DRAWS)
+    null = subsample_null(tel.sim, joined["unshed"], s_s / max(s_u, 1), keep, NULL_DRAWS)
     return ContentionRun(e_u, e_s, a_u, a_s, (s_u, s_s), (r_u, r_s), null)
 
 

@@ -16,18 +16,18 @@ wait was decided, and β and α0 stayed near the prior (step error 4.5 % vs 0.1 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from bench.learning import contention_errors, subsample_null
-from coeffd.daemon.load import LoadController, LoadShedder
-from coeffd.joiner import Joiner, JoinerConfig
-from coeffd.receivers.otlp.decode import Decoder, decode_request
+from bench.learning import (
+    ShedTelemetry,
+    contention_errors,
+    join_batches,
+    shed_telemetry,
+    subsample_null,
+)
 from coeffd.records.observations import Observation, RequestObservation, StepObservation
-from coeffd.simfleet import SampleRates, ServingSetup, Workload, run
-from coeffd.simfleet.scenarios import _engine
 
 pytestmark = pytest.mark.slow  # run first: see tests/conftest.py
 
@@ -38,68 +38,17 @@ NULL_DRAWS = 12
 Z = 4.0  # a shed estimate this many of their SDs away is not a random subsample
 
 
-def _controller(keep: float) -> LoadController:
-    """A controller shedding to exactly ``keep`` (the backlog pinned at full)."""
-    load = LoadController(
-        shedder=LoadShedder(start=0.0, full=0.5, min_keep=keep, tick_budget_s=0.0),
-        backlog=lambda: 1.0,
-    )
-    load.steer()
-    return load
-
-
-@dataclass
-class Telemetry:
-    result: Any
-    full: list[list[Any]]  # decoded as when nothing is shed
-    partial: list[list[Any]]  # decoded while shedding (shed summaries read partially)
-    load: LoadController
-
-
 @pytest.fixture(scope="module")
-def telemetry() -> Telemetry:
-    load = _controller(KEEP)
-    plain, shedding = Decoder(), Decoder()
-    shedding.step_filter = load.step_filter
-    full: list[list[Any]] = []
-    partial: list[list[Any]] = []
-
-    def sink(req: Any) -> None:
-        full.append(list(decode_request(req, plain).records))
-        partial.append(list(decode_request(req, shedding).records))
-
-    spec = _engine(
-        "shed",
-        ServingSetup(model="llama-3.1-8b-instruct", gpu="H100", tp=1),
-        Workload(rate_per_s=6.0, profile="mixed"),
-    )
+def telemetry() -> ShedTelemetry:
     # journeys on every request, summaries on few steps (vLLM's default is 1 %): most
     # step observations are journey spans, pinned by the calibrated anchors that
     # shedding starved
-    res = run(
-        [spec],
-        60,
-        3,
-        trace_sinks=[sink],
-        rates=SampleRates(1.0, 0.05, 0.001, 100),
-        record_steps=True,
-        drain_s=5.0,
-    )
-    return Telemetry(res, full, partial, load)
-
-
-def _join(batches: list[list[Any]], load: LoadController | None) -> list[Observation]:
-    j = Joiner(JoinerConfig(), load=load)
-    out: list[Observation] = []
-    for b in batches:
-        out.extend(j.push_many(b))
-    out.extend(j.flush())
-    return out
+    return shed_telemetry("llama-3.1-8b-instruct", "H100", 1, 60, 3, 0.05, KEEP, name="shed")
 
 
 @pytest.fixture(scope="module")
-def joined(telemetry: Telemetry) -> tuple[list[Observation], list[Observation]]:
-    return _join(telemetry.full, None), _join(telemetry.partial, telemetry.load)
+def joined(telemetry: ShedTelemetry) -> tuple[list[Observation], list[Observation]]:
+    return join_batches(telemetry.full), join_batches(telemetry.partial, telemetry.load)
 
 
 def _key(o: Observation) -> tuple[Any, ...]:
@@ -127,7 +76,7 @@ def test_shedding_builds_a_subset_of_the_unshed_observations(
 
 
 def test_shed_coefficients_match_a_random_subsample(
-    telemetry: Telemetry, joined: tuple[list[Observation], list[Observation]]
+    telemetry: ShedTelemetry, joined: tuple[list[Observation], list[Observation]]
 ) -> None:
     unshed, shed = joined
     keep = telemetry.load.keep_request
@@ -135,9 +84,9 @@ def test_shed_coefficients_match_a_random_subsample(
     step_share = sum(isinstance(o, StepObservation) for o in shed) / sum(
         isinstance(o, StepObservation) for o in unshed
     )
-    e, a0, _, _ = contention_errors(telemetry.result, learned)
+    e, a0, _, _ = contention_errors(telemetry.sim, learned)
     # The null: the unshed observations subsampled at random to the same shares
-    null = subsample_null(telemetry.result, unshed, step_share, KEEP, NULL_DRAWS)
+    null = subsample_null(telemetry.sim, unshed, step_share, KEEP, NULL_DRAWS)
     for i, name in enumerate(("step time", "alpha0")):
         draws = [d[i] for d in null]
         mu, sd = statistics.fmean(draws), statistics.stdev(draws)
