@@ -516,12 +516,14 @@ def main(args: argparse.Namespace) -> int:
         return lambda: DaemonProc(tmp / f"d{next(runs)}", *common, *extra, tree=tree)
 
     try:
+        # the baseline's tree first: a bad revision fails now, not after our search
+        baseline = None if args.baseline_rev == "none" else old_http_tree(tmp, args.baseline_rev)
         ours, held = search("this tree, default sampling", spawn(), rec, templates, plan)
         verdicts = [
             (f"≥ {ENGINES_TARGET:,} engines per core learned, nothing shed", ours >= ENGINES_TARGET)
         ]
-        if args.baseline_rev != "none":
-            tree, commit = old_http_tree(tmp, args.baseline_rev)
+        if baseline is not None:
+            tree, commit = baseline
             base, _ = search(
                 f"{commit} (baseline), default sampling", spawn(tree=tree), rec, templates, plan
             )

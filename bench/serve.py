@@ -294,9 +294,13 @@ def old_http_tree(tmp: Path, rev: str | None = None) -> tuple[Path, str]:
             cwd=ROOT, capture_output=True, text=True, check=True,
         ).stdout.split()  # fmt: skip
         rev = f"{changed[0]}~1"
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout.strip()
+    parsed = subprocess.run(
+        ["git", "rev-parse", "--short", "--verify", f"{rev}^{{commit}}"],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    if parsed.returncode != 0:  # a typo: say so, not a CalledProcessError traceback
+        raise SystemExit(f"baseline revision {rev!r} is not a commit of this repository")
+    commit = parsed.stdout.strip()
     root = tmp / f"tree-{commit}"
     root.mkdir(parents=True, exist_ok=True)
     archive = subprocess.run(
