@@ -281,6 +281,11 @@ class FleetView:
     def _rebuild(self, now: float) -> None:
         t0 = time.perf_counter()
         ttl_live = self.settings.refresh_interval_seconds * 2.5
+        # the gauge before the answers: once an answer names a peer stale, a scrape does
+        # too (set after the fleet fit, it lagged the answers by that fit's duration)
+        stale = sum(1 for p in self._peers.values() if p.stale(now, ttl_live))
+        self.metrics.peers.labels("up").set(len(self._peers) - stale)
+        self.metrics.peers.labels("stale").set(stale)
         members: dict[str, list[tuple[str, ConfigStatistics]]] = {}
         for url in sorted(self._peers):
             peer = self._peers[url]
@@ -320,10 +325,6 @@ class FleetView:
             self._publish(registry, cid, prequential[cid])
         self._instances = instances
         self.model = self._fit_fleet(registry, rows)
-        peers = list(self._peers.values())
-        stale = sum(1 for p in peers if p.stale(now, ttl_live))
-        self.metrics.peers.labels("up").set(len(peers) - stale)
-        self.metrics.peers.labels("stale").set(stale)
         self.metrics.merge.observe(time.perf_counter() - t0)
 
     def _publish(
