@@ -49,6 +49,7 @@ import numpy as np
 import numpy.typing as npt
 from river import base
 
+from coeffd.learners import native as _native
 from coeffd.learners.linalg import spd_solve
 from coeffd.learners.nnls import nnls_information
 
@@ -69,6 +70,10 @@ _ONE_ROW = [1.0]
 
 #: Below this many learned rows, predictions fold pending rows first (see prediction_coef).
 _YOUNG_ROWS = 128
+
+#: The most rows the compiled fold takes at once (it copies them; larger folds, only from
+#: ``learn_many`` with a large ``refresh_every``, take the pure path).
+_NATIVE_MAX_ROWS = 4096
 
 
 class RLSRegressor(base.Regressor):
@@ -125,6 +130,10 @@ class RLSRegressor(base.Regressor):
     [0.0, 7.5]
     """
 
+    #: Fold with the compiled fold when it is available (:mod:`learners.native`); False
+    #: on an instance keeps it on the pure-Python/numpy reference (tests compare them).
+    use_native: bool = True
+
     def __init__(
         self,
         features: Sequence[str],
@@ -172,6 +181,8 @@ class RLSRegressor(base.Regressor):
         self._pred: FloatArray | None = None
         self._pred_free: FloatArray | None = None
         self._pred_key = (-1, -1)
+        #: intercept_prequential's last answer: ((folded, generation, nonnegative), value)
+        self._intercept: tuple[tuple[int, int, bool], float] = ((-1, -1, True), 0.0)
         self._theta_at: tuple[int, int] = (-1, -1)
         self._theta_last: FloatArray | None = None
         self._theta_ab: tuple[FloatArray, FloatArray] = (np.zeros((d, d)), np.zeros(d))
@@ -239,8 +250,17 @@ class RLSRegressor(base.Regressor):
 
     def intercept_prequential(self, nonnegative: bool = True) -> float:
         """:meth:`predict_prequential` of the row ``{feature: 1.0}`` of a one-feature
-        learner: its coefficient as of the last fold."""
-        return float(self.prediction_coef(nonnegative)[0])
+        learner: its coefficient as of the last fold (kept as a float until the next
+        fold: a finished request asks two learners per α target)."""
+        if self._pend_y and self.n_learned < _YOUNG_ROWS:
+            self._fold()  # as prediction_coef would
+        key = (self._folded, self._generation, nonnegative)
+        hit = self._intercept
+        if hit[0] == key:
+            return hit[1]
+        value = float(self.prediction_coef(nonnegative)[0])
+        self._intercept = (key, value)
+        return value
 
     def learn_many(self, X: Any, y: Any, w: npt.ArrayLike | None = None) -> None:
         """Learn rows of a 2-D array (columns in ``features`` order) or a DataFrame.
@@ -711,6 +731,13 @@ class RLSRegressor(base.Regressor):
         """Fold buffered rows into (A, b), weights computed with the frozen θ_w and σ_w."""
         if not self._pend_y:
             return
+        if self._d == 1 and not self._pend_blocks and self._native_ok(len(self._pend_y)):
+            # the α intercepts: the compiled fold reads the rows (lists) as they are and
+            # sums as _fold_scalar does
+            rows, y, w = self._pend_x, self._pend_y, self._pend_w
+            self._pend_x, self._pend_y, self._pend_w = [], [], []
+            self._fold_native(rows, [float(v) for v in y], [float(v) for v in w])  # type: ignore[arg-type]
+            return
         if self._d == 1 and not self._pend_blocks:
             # one feature (the α intercepts, a row per finished request): plain floats
             xs = [r[0] for r in self._pend_x]  # type: ignore[index]
@@ -728,10 +755,24 @@ class RLSRegressor(base.Regressor):
         self._pend_x, self._pend_y, self._pend_w = [], [], []
         self._fold_rows(x, [float(v) for v in y], [float(v) for v in w])
 
+    def _native_ok(self, m: int) -> bool:
+        """Whether the compiled fold takes a fold of ``m`` rows (:mod:`learners.native`):
+        not the first robust chunk (its residual scale starts from a median), nor a zero
+        scale (the pure path raises there), nor more rows than it buffers."""
+        if _native.fold is None or not self.use_native or m > _NATIVE_MAX_ROWS:
+            return False
+        if self.weighting == "relative" or self.huber is not None or self.drift is not None:
+            return bool(self._sigma_w)  # None (first chunk) or 0.0: the pure path
+        return True
+
     def _fold_rows(self, x: FloatArray, ys: list[float], ws: list[float]) -> None:
         """Fold rows ``x`` (finite) with targets ``ys`` and weights ``ws`` (``ws`` is
         overwritten). The per-row scalars are plain floats: at a fold's 16 rows the
         arithmetic is the same as numpy's, element by element, without ~30 array calls."""
+        if self._native_ok(len(ys)) and x.flags.c_contiguous:
+            # (another layout makes numpy call BLAS differently: the pure path keeps it)
+            self._fold_native(x, ys, ws)
+            return
         first_index = self._folded
         detected_at = -1
         if self.weighting == "relative" or self.huber is not None or self.drift is not None:
@@ -740,6 +781,63 @@ class RLSRegressor(base.Regressor):
         c = self._fold_weights(ws)
         self._accumulate(x, c, ys)
         if detected_at >= 0 and self.drift is not None:
+            pol = self.drift
+            self.inflate(pol.keep, pol.fast_forgetting, pol.fast_for)
+
+    def _fold_native(
+        self, x: FloatArray | list[list[float]], ys: list[float], ws: list[float]
+    ) -> None:
+        """:meth:`_fold_rows` (``x`` an array) or :meth:`_fold_scalar` (``x`` a list of
+        one-value rows) by the compiled fold (``_fold.c``), with the same results bit for
+        bit: the per-row scalars are the same float operations in the same order, and the
+        two products are numpy's (an array) or the scalar fold's row-order sums (one
+        feature). The state is advanced in the pure path's order, but for the drift
+        monitor, which sees the residuals after the statistics took the rows (they do not
+        depend on it; an alarm inflates after the fold either way)."""
+        first_index = self._folded
+        robust = self.weighting == "relative" or self.huber is not None or self.drift is not None
+        mode = 0 if not robust else 2 if self.weighting == "relative" else 1
+        sigma_w = self._sigma_w if robust else 1.0
+        s_ew = self._sigma_ew if self._sigma_ew is not None else sigma_w
+        huber = self.huber
+        array = isinstance(x, np.ndarray)
+        yhat = x @ self._theta_w if robust and array else None
+        m = len(ys)
+        xc = np.empty((m, self._d)) if array else None
+        cy = np.empty(m) if array else None
+        after, scale = self._advance(m)
+        done, s_ew, n_down, clipped, c = _native.fold(
+            x,
+            ys,
+            ws,
+            after,
+            scale,
+            self._a,
+            self._b,
+            self._theta_w,
+            mode,
+            huber,
+            sigma_w,
+            0.0 if s_ew is None else s_ew,
+            1.0 / max(self.scale_memory, 1.0),
+            3.0 if huber is None else huber,
+            _SQRT_HALF_PI,
+            yhat,
+            xc,
+            cy,
+        )
+        if robust:
+            self._sigma_ew = s_ew
+            self.n_downweighted += n_down
+        if not done:  # a row too large to square: the array path filters it out
+            self._accumulate(np.asarray(x, dtype=float).reshape(m, self._d), c, ys)
+        else:
+            if xc is not None and cy is not None:
+                self._a += xc.T @ xc  # _accumulate's products, on the same values
+                self._b += x.T @ cy  # type: ignore[union-attr]
+            self._theta = None
+            self._valid = None
+        if robust and self.drift is not None and self.drift.update_many(clipped, first_index) >= 0:
             pol = self.drift
             self.inflate(pol.keep, pol.fast_forgetting, pol.fast_for)
 
@@ -779,7 +877,12 @@ class RLSRegressor(base.Regressor):
     def _fold_weights(self, ws: list[float]) -> list[float]:
         """Advance the decay by a fold of ``len(ws)`` rows; returns each row's weight in
         the scaled statistics (``w · λ-decay after it / scale``)."""
-        m = len(ws)
+        after, scale = self._advance(len(ws))
+        return [wi * ai / scale for wi, ai in zip(ws, after, strict=True)]
+
+    def _advance(self, m: int) -> tuple[list[float], float]:
+        """Advance the decay by a fold of ``m`` rows: (each row's decay after it, the
+        statistics' scale now)."""
         self._folded += m
         after, after_sum, total = self._decays(m)
         self._scale *= total
@@ -789,8 +892,7 @@ class RLSRegressor(base.Regressor):
             self._a *= self._scale
             self._b *= self._scale
             self._scale = 1.0
-        scale = self._scale
-        return [wi * ai / scale for wi, ai in zip(ws, after, strict=True)]
+        return after, self._scale
 
     def _accumulate(self, x: FloatArray, c: list[float], ys: list[float]) -> None:
         """Add rows ``x`` with weights ``c`` and targets ``ys`` to ``(A, b)``."""

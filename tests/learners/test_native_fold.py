@@ -1,0 +1,217 @@
+"""The compiled fold (``coeffd/learners/_fold.c``) against the pure-Python/numpy one, its
+reference: the same learner state bit for bit — statistics, estimates, residual scale,
+down-weighted rows, drift alarms — on streams that fold through every path (arrays of
+step rows, the α intercepts' lists, ``learn_one`` dicts, plain RLS, a row too large to
+square), and the same predictions and published vectors of a learner registry fed
+simfleet's observations.
+
+Only an explicit ``COEFFD_PURE_FOLD=1`` skips these: an install that failed to build the
+extension fails ``test_the_extension_is_built`` instead of passing unnoticed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from coeffd.learners import native
+from coeffd.learners.config import LearnersConfig
+from coeffd.learners.features import BLIS_DEFAULT_BETA, TERM_NAMES
+from coeffd.learners.prior import prior_precision
+from coeffd.learners.rls import RLSRegressor
+from coeffd.learners.steady import SteadyEstimator
+from coeffd.learners.targets import make_learner
+from tests.support.simfleet_obs import simfleet_observations
+
+pytestmark = pytest.mark.skipif(
+    native.UNAVAILABLE == "COEFFD_PURE_FOLD is set", reason=native.UNAVAILABLE
+)
+
+
+def test_the_extension_is_built() -> None:
+    assert native.AVAILABLE, native.UNAVAILABLE
+
+
+def _learner(target: str, alpha_prior: float = 300.0, *, compiled: bool) -> RLSRegressor:
+    s = LearnersConfig()
+    bp = np.asarray(BLIS_DEFAULT_BETA)
+    prec = prior_precision(bp, s.prior_strength, s.prior_scale_floor)
+    m = make_learner(target, s, bp, prec, np.full(3, alpha_prior), f"test/{target}")
+    m.use_native = compiled
+    return m
+
+
+def _state(m: RLSRegressor) -> dict[str, object]:
+    """A learner's state without its drift alarms' wall clocks, plus what is not in it."""
+    st = m.state_dict()
+    drift = st.pop("drift")
+    if drift is not None:
+        st["alarms"] = [e["n"] for e in drift["history"]]
+    st["coef"] = m.coef.tolist()
+    st["nonnegative"] = m.nonnegative_coef().tolist()
+    st["n_effective"] = m.n_effective
+    return st
+
+
+def _pair(
+    target: str, feed: Callable[[RLSRegressor], list[float]], alpha_prior: float = 300.0
+) -> tuple[RLSRegressor, RLSRegressor]:
+    """Feed the same stream to a compiled and a pure learner; their predictions and state
+    must be the same bit for bit."""
+    c = _learner(target, alpha_prior, compiled=True)
+    p = _learner(target, alpha_prior, compiled=False)
+    assert feed(c) == feed(p)
+    assert _state(c) == _state(p)
+    return c, p
+
+
+def _steps(n: int = 3000, seed: int = 7) -> tuple[np.ndarray, np.ndarray]:
+    """Step-like rows; the true β moves by 30 % half way; a few stalls."""
+    rng = np.random.default_rng(seed)
+    d = len(TERM_NAMES)
+    x = rng.uniform(0.0, 2.0, (n, d)) * (rng.random((n, d)) < 0.7)
+    y = x @ (np.asarray(BLIS_DEFAULT_BETA) + 0.2) * np.exp(rng.normal(0, 0.03, n)) + 5.0
+    y[n // 2 :] *= 1.3
+    y[rng.choice(n, 20, replace=False)] *= 4.0  # stalls: Huber's rows
+    return x, y
+
+
+def test_step_rows_fold_as_the_array_path() -> None:
+    """β's production learner (relative weights, Huber, ADWIN) on arrays of rows, in
+    bursts of uneven size: its drift alarms and down-weighted rows happen on both sides."""
+    x, y = _steps()
+
+    def feed(m: RLSRegressor) -> list[float]:
+        out: list[float] = []
+        for i in range(0, len(y), 97):
+            out.extend(m.learn_many_prequential(x[i : i + 97], y[i : i + 97]).tolist())
+        return out
+
+    c, _ = _pair("beta", feed)
+    assert c.drift is not None and c.drift.detections > 0 and c.n_downweighted > 0
+
+
+def test_dict_rows_fold_as_the_array_path() -> None:
+    """``learn_one`` rows (lists of the dict's values, ints among them) and a
+    non-C-contiguous array in ``learn_many``."""
+    x, y = _steps(1500, seed=3)
+    names = list(TERM_NAMES)
+
+    def feed(m: RLSRegressor) -> list[float]:
+        out = []
+        for row, t in zip(x.tolist(), y.tolist(), strict=True):
+            out.append(m.predict_prequential(dict(zip(names, row, strict=True))))
+            m.learn_one({**dict(zip(names, row, strict=True)), "one": 1}, t)
+        m.learn_many(np.asfortranarray(x[:100]), y[:100])
+        return out
+
+    _pair("beta", feed)
+
+
+def test_alpha_intercepts_fold_as_the_scalar_path() -> None:
+    """The α learners' one-feature rows: the compiled fold sums as ``_fold_scalar`` does."""
+
+    def feed(m: RLSRegressor) -> list[float]:
+        rng = np.random.default_rng(11)
+        y = 400.0 * np.exp(rng.normal(0, 0.3, 4000))
+        y[1300:] *= 1.4
+        y[rng.choice(4000, 30, replace=False)] *= 6.0
+        out = []
+        for t in y.tolist():
+            out.append(m.intercept_prequential())
+            m.learn_intercept(t)
+        return out
+
+    alarms = 0
+    for target in ("arrival_to_queued", "output_token", "output_token_steady"):
+        c, _ = _pair(target, feed)
+        alarms += c.drift.detections if c.drift is not None else 0
+    assert alarms >= 1
+
+
+def test_steady_pair_and_queue_learner_as_pure() -> None:
+    """The α steady pair (its mode switches follow the learners' estimates) and the
+    queue-wait learner (plain weights, Huber, no detector; dict rows of four)."""
+    rng = np.random.default_rng(2)
+    y = 300.0 * np.exp(rng.normal(0, 0.4, 3000)) * np.r_[np.ones(1500), 1.5 * np.ones(1500)]
+
+    def pair(compiled: bool) -> SteadyEstimator:
+        est = SteadyEstimator(
+            _learner("arrival_to_queued", compiled=compiled),
+            _learner("arrival_to_queued_steady", compiled=compiled),
+        )
+        return est
+
+    a, b = pair(True), pair(False)
+    got = [a.learn_intercept_prequential(t) for t in y.tolist()]
+    want = [b.learn_intercept_prequential(t) for t in y.tolist()]
+    assert got == want and a.switches > 0 and a.state_dict() == b.state_dict()
+    assert _state(a.fast) == _state(b.fast) and _state(a.slow) == _state(b.slow)
+
+    def feed(m: RLSRegressor) -> list[float]:
+        out = []
+        for i, t in enumerate(y.tolist()):
+            xq = {"one": 1.0, "waiting_depth": float(i % 7), "running_depth": 3.0 + i % 5}
+            out.append(m.predict_prequential(xq, nonnegative=False))
+            m.learn_one(xq, t)
+        return out
+
+    c, _ = _pair("queue_wait", feed)
+    assert c.n_downweighted > 0
+
+
+def test_plain_rls_and_an_overflowing_row_as_pure() -> None:
+    """Textbook RLS (no robust weights: the fold is the weights and the products alone),
+    and a row too large to square, which the compiled fold hands back to the array path
+    (it is rejected there)."""
+    rng = np.random.default_rng(4)
+    x = rng.uniform(0.1, 2.0, (2000, 11))
+    y = x @ rng.uniform(0, 3, 11) + rng.normal(0, 0.1, 2000)
+    names = [f"x{i}" for i in range(11)]
+    for kw in ({"forget_prior": True}, {"huber": 2.0}):
+        c = RLSRegressor(names, forgetting=0.99, prior_precision=100.0, **kw)  # type: ignore[arg-type]
+        p = RLSRegressor(names, forgetting=0.99, prior_precision=100.0, **kw)  # type: ignore[arg-type]
+        p.use_native = False
+        for m in (c, p):
+            m.learn_many(x, y)
+            for row, t in zip(x[:40].tolist(), y[:40].tolist(), strict=True):
+                m.learn_one(dict(zip(names, row, strict=True)), t)
+            m.learn_one({"x0": 1e200}, 1.0)  # finite, overflows once squared
+            m.learn_many(x[:33], y[:33])
+        assert _state(c) == _state(p)
+        # plain RLS rejects the large row in the fold; Huber's weight shrinks it first
+        assert c.n_rejected == (1 if kw.get("forget_prior") else 0)
+
+
+def test_registry_on_simfleet_predicts_and_publishes_as_pure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every learner of a configuration, fed simfleet's steps and finished requests the
+    way the consumer feeds them: the same predictions and published estimate."""
+    from coeffd.learners.features.config import ServingConfig
+    from coeffd.learners.registry import LearnerRegistry
+    from coeffd.records.observations import RequestObservation, StepObservation
+    from coeffd.simfleet import SampleRates
+
+    obs = simfleet_observations(30, 4, SampleRates(1.0, 1.0, 0.0, 100), max_events=200_000)
+    steps = [o for o in obs if isinstance(o, StepObservation)]
+    reqs = [o for o in obs if isinstance(o, RequestObservation)]
+    assert len(steps) > 1000 and len(reqs) > 50
+    cfg = ServingConfig(model="llama-3.1-8b-instruct", gpu="H100")  # simfleet's engine
+
+    def run(compiled: bool) -> tuple[list[object], object]:
+        monkeypatch.setattr(RLSRegressor, "use_native", compiled)
+        reg = LearnerRegistry()
+        out: list[object] = []
+        for i in range(0, max(len(steps), len(reqs) * 20), 200):
+            s = reg.learn_step_scores(cfg, steps[i : i + 200])
+            if s is not None:
+                out.append({k: v.tolist() for k, v in s.predictions.items()})
+            out.append(reg.learn_requests(cfg, reqs[i // 20 : i // 20 + 10]))
+        est = reg.estimate(cfg.id)
+        return out, (est.alpha, est.beta, {k: v.values for k, v in est.vectors.items()})
+
+    got, want = run(True), run(False)
+    assert str(got) == str(want)  # NaN-safe: the same reprs, every float bit for bit
