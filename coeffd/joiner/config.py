@@ -67,7 +67,13 @@ class JoinerConfig(BaseModel):
     )
     max_kv_transfers: int = Field(default=50_000, gt=0, description="Max open KV transfers held.")
     max_engines: int = Field(
-        default=1024, gt=0, description="Max distinct engines (sources) tracked."
+        default=4096,
+        gt=0,
+        description="Max distinct engines (sources) tracked; at the cap the 1/16 heard "
+        "from longest ago are forgotten. Sized for a fleet: a daemon core learns from "
+        "~1,000 engines at vLLM's default sampling, and a restarted pod comes back under "
+        "a new identity while the old one is kept for max_lateness_s, so 4x covers three "
+        "rolling restarts in that time. Memory: ~12 KB per engine held before its data.",
     )
 
     async_scheduling: bool | None = Field(

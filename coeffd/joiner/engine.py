@@ -30,7 +30,7 @@ from coeffd.joiner import pinned
 from coeffd.joiner.composition import Life, aggregates_of, from_lives, from_snapshots
 from coeffd.joiner.config import JoinerConfig
 from coeffd.joiner.loopwait import LoopWait, LoopWaitQueue, loop_wait
-from coeffd.joiner.starts import BUCKET_BITS, COMPL, Anchors, StepStarts, anchor_type
+from coeffd.joiner.starts import BUCKET_BITS, COMPL, QUEUED, Anchors, StepStarts, anchor_type
 from coeffd.records.events import BatchSummary, JourneyEvent, RequestSnapshot, Source
 from coeffd.records.observations import (
     BatchRequest,
@@ -55,6 +55,17 @@ class StepResult:
     observation: StepObservation | None
     outcome: str  # joined | unmatched | rejected
     reason: str = ""
+
+
+def _mark(steps: list[int], n: int) -> None:
+    """Insert ``n`` into the sorted list ``steps`` unless it is there (mostly appends:
+    anchors and summaries arrive roughly in step order)."""
+    if not steps or steps[-1] < n:
+        steps.append(n)
+        return
+    i = bisect.bisect_left(steps, n)
+    if steps[i] != n:
+        steps.insert(i, n)
 
 
 def _life_order(life: Life) -> tuple[int, int, int, int, int, bool]:
@@ -137,8 +148,16 @@ class EngineState:
         self.touched = 0  # wall ns of the latest record of this engine, kept or not
         self.loop_waits = LoopWaitQueue()
         # S(n) estimates and the loop mode, read off the indexes above
+        # sorted steps whose start a summary or an anchor may pin (StepStarts.pinnable)
+        self.pinnable: list[int] = []
         self.starts = StepStarts(
-            self.summaries, self.anchors, self.lives, config, async_mode, self.summary_steps
+            self.summaries,
+            self.anchors,
+            self.lives,
+            config,
+            async_mode,
+            self.summary_steps,
+            self.pinnable,
         )
 
     # ------------------------------------------------------------------ ingest
@@ -207,6 +226,7 @@ class EngineState:
             steps.append(n)
         else:
             bisect.insort(steps, n)
+        _mark(self.pinnable, n)
         deadline = s.wall_ns + self.window_ns
         pend = self.pending
         if not pend or pend[-1][0] <= deadline:
@@ -243,6 +263,14 @@ class EngineState:
         if times is None:
             d[ev.step] = (ev.mono_ns,)
             self._first_sighting(ev.wall_ns, ev.step)
+            # the starts it may pin: S(n) for SCHEDULED(n), S(n+1) for QUEUED(n),
+            # S(n+1+a) for a completion (a unknown here: both)
+            pins = self.pinnable
+            if typ == COMPL:
+                _mark(pins, ev.step + 1)
+                _mark(pins, ev.step + 2)
+            else:
+                _mark(pins, ev.step + (typ == QUEUED))
         else:
             d[ev.step] = (*times, ev.mono_ns)
 
@@ -262,6 +290,8 @@ class EngineState:
     def covers(self, lo: int, hi: int) -> bool:
         """True when steps ``lo..hi`` are inside one complete-coverage range."""
         cov = self.coverage
+        if len(cov) <= 1:  # the common case: one range since the engine was first seen
+            return bool(cov) and cov[0][0] <= lo and cov[0][1] >= hi
         i = bisect.bisect_right(cov, [lo, float("inf")]) - 1
         return i >= 0 and cov[i][0] <= lo and cov[i][1] >= hi
 
@@ -655,6 +685,11 @@ class EngineState:
         """Forget step-indexed state older than the window (call after ``due``)."""
         limit = now_wall - self.window_ns
         tl = self.timeline
+        if tl:
+            if tl[0][0] >= limit:
+                return  # nothing left the window: the horizon stays (most sweeps)
+        elif not (self._tail_end and self._tail_end < limit):
+            return
         h = self.horizon
         while tl and tl[0][0] < limit:
             _, step = tl.popleft()
@@ -694,6 +729,8 @@ class EngineState:
             self.finalized.discard(n)
         if i:
             del self.summary_steps[:i]
+        # a start below h is pinned by nothing left (its summary and anchors are gone)
+        del self.pinnable[: bisect.bisect_left(self.pinnable, h)]
         if len(self.finalized) > len(self.summaries):  # orphans (a cap dropped summaries)
             self.finalized = {n for n in self.finalized if n >= h}
         # ``pending`` is left alone: an entry whose summary is gone pops at its deadline
@@ -719,6 +756,15 @@ class EngineState:
             "anchor": self.n_anchors,
             "request_life": sum(len(v) for v in self.lives.values()),
         }
+
+    def over_caps(self) -> bool:
+        """Whether :meth:`enforce_caps` has anything to drop (asked on every sweep)."""
+        cfg, an = self.cfg, self.anchors
+        return (
+            len(self.summaries) > cfg.max_steps
+            or len(an[0]) + len(an[1]) + len(an[2]) > cfg.max_anchor_steps
+            or len(self.snapshots) > cfg.max_steps
+        )
 
     def enforce_caps(self) -> list[int]:
         """Drop the oldest steps beyond the configured caps; returns pending steps dropped."""

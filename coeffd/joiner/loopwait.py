@@ -58,6 +58,14 @@ class LoopWaitQueue:
             return heapq.heappop(late)[2]
         return self._fifo.popleft()
 
+    def due_by(self, now_wall: int) -> bool:
+        """Whether any held observation's window has passed by ``now_wall`` (what
+        :meth:`due` would return something for; asked of every engine on every sweep)."""
+        fifo, late = self._fifo, self._late
+        return bool(
+            (fifo and fifo[0].deadline_wall <= now_wall) or (late and late[0][0] <= now_wall)
+        )
+
     def due(self, now_wall: int | None) -> list[LoopWait]:
         """Held request observations whose window has passed (all of them if None)."""
         out: list[LoopWait] = []

@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from coeffd.joiner import intervals as iv
@@ -91,6 +92,10 @@ class Calibration:
             return _mean_var(self.cross[typ], self.cross_added[typ], self.cross_stats, typ)
         return _mean_var(d, self.added[typ], self.stats, typ)
 
+    def usable(self, typ: int, min_samples: int) -> bool:
+        """Whether :meth:`mean_var` answers for this type (without computing it)."""
+        return len(self.deltas[typ]) >= min_samples or len(self.cross[typ]) >= 4 * min_samples
+
     def is_exact(self, typ: int, min_samples: int) -> bool:
         """True when summaries calibrated this anchor type."""
         return len(self.deltas[typ]) >= min_samples
@@ -119,10 +124,16 @@ class StepStarts:
         config: JoinerConfig,
         async_mode: bool | None,
         summary_steps: list[int] | None = None,
+        pinnable: list[int] | None = None,
     ) -> None:
         # shared with EngineState, which fills and purges them (never rebinds them)
         self.summaries = summaries
         self.summary_steps = summary_steps  # the sorted keys of summaries, when kept
+        # when kept (EngineState): sorted, every step n that a summary or an anchor may
+        # pin (a summary of n, SCHEDULED(n), QUEUED(n-1), a completion at n-1 or n-2),
+        # so a walk over a range visits those only, not every step (at 1 % step sampling
+        # a nearest pin was ~70 steps away, and a segment ~100 steps long)
+        self.pinnable = pinnable
         self.anchors = anchors
         self.lives = lives
         self.cfg = config
@@ -323,7 +334,13 @@ class StepStarts:
         summaries = self.summaries
         sched, queued, compl = self.anchors
         out: list[pinned.Pin] = []
-        for m in steps:
+        cands: Iterable[int] = steps
+        if self.pinnable is not None and steps.step == 1:
+            keys = self.pinnable
+            cands = keys[
+                bisect.bisect_left(keys, steps.start) : bisect.bisect_left(keys, steps.stop)
+            ]
+        for m in cands:
             if m in summaries or sched.get(m) or queued.get(m - 1) or compl.get(m - 1 - a):
                 p = self.point(m, a)
                 if p is not None:
@@ -336,13 +353,25 @@ class StepStarts:
         summaries = self.summaries
         # an anchor type not calibrated yet pins no point (point() needs one that is);
         # that stays so until a point is found (only a found one cross-calibrates)
-        ok = [self.cal.mean_var(typ, self.cfg.min_calibration) is not None for typ in range(3)]
+        cal, m = self.cal, self.cfg.min_calibration
+        ok = [cal.usable(typ, m) for typ in range(3)]
         if not any(ok) and self.summary_steps is not None:
             return self._nearest_summary(steps, a)  # only summaries pin: few, and sorted
         sched = self.anchors[SCHED] if ok[SCHED] else {}
         queued = self.anchors[QUEUED] if ok[QUEUED] else {}
         compl = self.anchors[COMPL] if ok[COMPL] else {}
-        for m in steps:
+        cands: Iterable[int] = steps
+        if self.pinnable is not None and steps.step in (1, -1):
+            keys = self.pinnable
+            if steps.step == 1:
+                cands = keys[
+                    bisect.bisect_left(keys, steps.start) : bisect.bisect_left(keys, steps.stop)
+                ]
+            else:  # descending: start down to stop (exclusive)
+                i = bisect.bisect_right(keys, steps.start)
+                j = bisect.bisect_right(keys, steps.stop)
+                cands = reversed(keys[j:i])
+        for m in cands:
             if m in summaries or sched.get(m) or queued.get(m - 1) or compl.get(m - 1 - a):
                 p = self.point(m, a)
                 if p is not None:
