@@ -168,7 +168,11 @@ class PipelineSettings(_Section):
     shed_min_keep: float = Field(default=1 / 32, gt=0.0, le=1.0)
     #: Also shed when a tick (where a live daemon builds and learns the steps its window
     #: releases) takes more than this share of ``tick_interval_seconds``: long ticks delay
-    #: every snapshot and starve the receivers. 0 = shed on backlog only.
+    #: every snapshot and starve the receivers. Measured in the pipeline worker's thread
+    #: CPU time, not wall time: a tick's wall time also counts waiting for a core shared
+    #: with vLLM or for the GIL held by the receivers, which shedding learning does not
+    #: save (on a shared 2-core machine wall-clock ticks shed at about half a core; the
+    #: queue-fill rules answer the receivers). 0 = shed on backlog only.
     shed_tick_budget: float = Field(default=0.4, ge=0.0, le=1.0)
     #: Engine sampling, past shedding: while the queue fill is at or above
     #: ``sample_engines_at`` and rising, halve the share of each configuration's engines

@@ -15,8 +15,8 @@ signal              rule                                            settings (``
 ==================  ==============================================  ==============================
 backlog b           r = 1 while b ≤ start, min_keep once b ≥ full,  shed_start, shed_full,
 (queue fill 0..1)   linear in between                               shed_min_keep
-tick duration t     r ≤ a tick share, × min(2, √(budget / t)) per   shed_tick_budget ×
-                    tick, kept within [min_keep, 1]; budget 0: off  tick_interval_seconds
+tick CPU time t     r ≤ a tick share, × min(2, √(budget / t)) per   shed_tick_budget ×
+(worker thread's)   tick, kept within [min_keep, 1]; budget 0: off  tick_interval_seconds
 step, request id    learned iff its golden-ratio hash (a request:   —
                     of the CRC of its id) is below r: even, and
                     the same on every replay at the same share
@@ -47,6 +47,15 @@ receivers, not the queue, fall behind then (they share one interpreter with the 
 *Calm*: b ≤ ``shed_start``, r ≥ ½ and the CPU at most half of ``sample_engines_cpu``
 (doubling e at most doubles it).
 
+*Tick CPU time*, not wall time: the tick budget bounds the work shedding controls, the
+worker's building and learning. A tick's wall time also counts the time the worker
+thread waited — for a core shared with vLLM and other processes, for the GIL held by the
+receivers (whose load the backlog and engine rules answer) — and on a shared 2-core
+machine wall-clock ticks shed at about half a core (``bench serve --sampling default``:
+keep ratio 0.5–0.8 at 512 engines with an empty queue). The tick's CPU time is the
+worker thread's from the :meth:`~LoadController.steer` that opens the tick (the
+learning consumer steers first thing in its tick) to :meth:`~LoadController.observe_tick`.
+
 Who asks what: the joiner asks :attr:`LoadController.step_filter` before it builds a
 step (and reports what it shed, :meth:`~LoadController.shed`); the decoders get it too
 (they read shed steps' summaries partially) and ask the sampler's
@@ -76,6 +85,7 @@ True
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import Callable, Iterable
 
@@ -182,6 +192,8 @@ class LoadController:
     decoders
         The receivers' decoders: they decode the steps being shed partially (half the
         decode cost of the commonest record).
+    cpu_clock
+        The calling thread's CPU seconds (ticks are measured on it: module docstring).
     """
 
     def __init__(
@@ -192,6 +204,7 @@ class LoadController:
         sampler: EngineSampler | None = None,
         backlog: Callable[[], float] | None = None,
         decoders: Iterable[Decoder] = (),
+        cpu_clock: Callable[[], float] = time.thread_time,
     ) -> None:
         self.metrics = metrics if metrics is not None else LoadMetrics(CollectorRegistry())
         self.shedder = shedder
@@ -209,6 +222,8 @@ class LoadController:
         self._exported = {"step": 0, "request": 0}  # what the counter shows
         self._shed_warned = False  # a "learning behind" warning awaits its "caught up"
         self._engine_share = 1.0
+        self._cpu_clock = cpu_clock
+        self._steered_cpu: float | None = None  # the worker's CPU time at the last steer
 
     # ------------------------------------------------------------ what others ask
     def keep_request(self, request_id: str) -> bool:
@@ -230,7 +245,10 @@ class LoadController:
     def steer(self) -> None:
         """Set the shares from the signals (the backlog, then the tick durations, the
         receivers' pool and the CPU through the sampler), and hand the step filter to
-        the decoders. Without a shedder, step learning is whole."""
+        the decoders. Without a shedder, step learning is whole. Also marks the
+        worker's CPU time: a tick is measured from its opening steer."""
+        if self.shedder is not None:
+            self._steered_cpu = self._cpu_clock()
         if self.backlog is None:
             return
         backlog = self.backlog()
@@ -239,9 +257,17 @@ class LoadController:
             self._sample(self.sampler, backlog, ratio)
 
     def observe_tick(self, seconds: float) -> None:
-        """Signal: the last tick took ``seconds`` (applies from the next :meth:`steer`)."""
-        if self.shedder is not None:
-            self.shedder.observe_tick(seconds)
+        """Signal: the last tick took ``seconds`` of wall time (applies from the next
+        :meth:`steer`). What counts is the worker thread's CPU time since the steer that
+        opened the tick (never more than the wall time): waiting for a core or the GIL
+        is not work that shedding would save."""
+        if self.shedder is None:
+            return
+        mark = self._steered_cpu
+        if mark is not None:
+            seconds = min(seconds, self._cpu_clock() - mark)
+            self._steered_cpu = None
+        self.shedder.observe_tick(seconds)
 
     def count(self) -> None:
         """Bring ``coeffd_observations_shed_total`` up to the tallies."""

@@ -18,7 +18,7 @@ not move the estimate (``bench learning --scenario contention``,
 ``tests/joiner/test_joiner_shedding.py``).
 
 The share is the smaller of a proportional control on the pipeline's backlog and a
-multiplicative one on the duration of the worker's ticks, where a live daemon builds and
+multiplicative one on the worker's CPU time per tick, where a live daemon builds and
 learns the steps its window releases: a long tick delays every snapshot (freshness),
 even while the queue keeps up.
 
@@ -69,7 +69,8 @@ class LoadShedder:
     min_keep
         The smallest share learned (never zero: learning never stops).
     tick_budget_s
-        Tick duration the share is steered to stay under (0: no tick control).
+        Tick duration (the worker's CPU seconds: :mod:`.controller`) the share is
+        steered to stay under (0: no tick control).
     """
 
     def __init__(
