@@ -191,12 +191,50 @@ def check_request(data: bytes, limits: RequestLimits) -> LimitExceeded | None:
     Malformed bytes also give ``None``: they are the parser's to reject, with its message.
     """
     try:
+        if _fits_by_size(data, limits):
+            return None
+    except (_Stop, IndexError):
+        pass  # the exact walk decides (a limit may be crossed before the bad bytes)
+    try:
         _check(data, limits)
     except LimitExceeded as e:
         return e
     except (_Stop, IndexError):
         return None
     return None
+
+
+def _fits_by_size(data: bytes, lim: RequestLimits) -> bool:
+    """True when no limit can be crossed, walking only ResourceSpans and ScopeSpans.
+
+    The exact walk steps once per span (~0.5 µs an event, a quarter of decoding it); a
+    message costs at least 2 bytes, so a ScopeSpans of ``B`` bytes holds at most ``B // 2``
+    spans, items in a span or a scope's attributes, and its scope is at most ``B`` bytes.
+    When those bounds already fit every limit (a real request: one resource, a few
+    scopes, tens of KB) the spans are not walked; otherwise (False) :func:`_check`
+    walks exactly, so what is refused, and the message, are the same as before.
+    """
+    n_rs = n_ss = 0
+    bound = 0  # at most this many spans, and items, in the scopes seen
+    for number, s, e in _fields(data, 0, len(data)):
+        if number != _REQ_RESOURCE_SPANS:
+            continue
+        n_rs += 1
+        if n_rs > lim.max_resource_spans:
+            return False
+        for rn, rs, re in _fields(data, s, e):
+            if rn == _RS_RESOURCE:
+                if re - rs > lim.max_resource_bytes:
+                    return False
+            elif rn == _RS_SCOPE_SPANS:
+                n_ss += 1
+                size = re - rs
+                if n_ss > lim.max_scope_spans or size > lim.max_resource_bytes:
+                    return False
+                bound += size // 2
+                if size // 2 > lim.max_span_items:
+                    return False
+    return bound <= lim.max_spans and bound <= lim.max_items
 
 
 def _check(data: bytes, lim: RequestLimits) -> None:
