@@ -18,15 +18,30 @@ Measured on process CPU time, best of ``--repeats``:
 Memory: ``tracemalloc`` growth of the joiner's own structures at steady state (records
 are pre-built and shared, so this is the window's overhead) divided by the requests in
 flight. Target: ≥ 300,000 events/s per core.
+
+``--fleet default`` (or ``dense``) measures instead the join stage of ``bench serve
+--sampling default`` (issue 34): the 9-engine fleet recorded at vLLM's default sampling
+(every step sampled with ``dense``), ``--copies`` live copies for ``--seconds`` of data,
+decoded up front, then ``push_many`` per export request and a live ``tick`` every
+0.25 s of data, flush included: process CPU µs per event, best of ``--repeats``, and the
+observations' sha256. With ``--baseline-rev`` the same rendered requests are joined by
+that revision's ``coeffd`` (``git archive``) too, each side in its own process,
+alternating ``--rounds`` times (a drifting machine hits both); identical digests mean
+identical observations.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import pickle
+import subprocess
+import sys
+import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from coeffd.joiner import Joiner, JoinerConfig
 from coeffd.records.events import (
@@ -166,13 +181,124 @@ def _cpu(fn: Callable[[], None], repeats: int) -> float:
     return best
 
 
+# Run in a fresh process, with the tree under test first on sys.path (a baseline
+# revision's package has no compiled decoder: decoding is not timed). Prints one line:
+# "<µs per event> <events> <observations> <sha256>".
+_FLEET_RUNNER = """
+import hashlib, pickle, sys, time
+tree, path, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if tree:
+    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+    sys.path.insert(0, tree)
+import logging, msgspec, structlog
+structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+from coeffd.joiner import Joiner
+from coeffd.receivers.otlp.decode import Decoder
+off, bodies = pickle.load(open(path, "rb"))
+dec = Decoder()
+batches = [(due, dec.decode_bytes(b).records) for due, b in bodies]
+best, out = None, []
+for _ in range(repeats):
+    j, out, nxt, ev = Joiner(), [], batches[0][0], 0
+    t = time.process_time()
+    for due, recs in batches:
+        if due >= nxt:
+            out.extend(j.tick(int((due + off) * 1e9)))
+            nxt = due + 0.25
+        out.extend(j.push_many(recs))
+        ev += len(recs)
+    out.extend(j.flush())
+    cpu = time.process_time() - t
+    best = cpu if best is None else min(best, cpu)
+print(1e6 * best / ev, ev, len(out), hashlib.sha256(msgspec.msgpack.encode(out)).hexdigest())
+"""
+
+
+def render_fleet(
+    sampling: str, copies: int, seconds: float
+) -> tuple[float, list[tuple[float, bytes]]]:
+    """``bench serve``'s live replay of the fleet recording (vLLM's default sampling, or
+    every step sampled), ``copies`` copies, ``seconds`` of data: the wall-minus-monotonic
+    offset of its clock and the export requests with their (monotonic) due times."""
+    from bench._fleetsize import DEFAULT_RATES, fleet_specs
+    from bench.serve import RATES, LiveSender, record
+
+    default = sampling == "default"
+    rec = record(
+        fleet_specs(60) if default else "fleet", 60, 1, DEFAULT_RATES if default else RATES
+    )
+    sender = LiveSender(1, rec)  # the channel connects lazily: nothing is sent
+    try:
+        plan = sender.plan(copies * rec.total / (sender.duration_ns / 1e9))
+        off = time.time() - time.monotonic()
+        due, body, _ = next(plan)
+        end, out = due + seconds, []
+        while due <= end:
+            out.append((due, body))
+            due, body, _ = next(plan)
+    finally:
+        sender.close()
+    return off, out
+
+
+def fleet_main(args: argparse.Namespace) -> int:
+    """``--fleet``: the join stage on the fleet recording, this tree vs ``--baseline-rev``."""
+    from bench.serve import old_http_tree
+
+    with tempfile.TemporaryDirectory(prefix="coeffd-bench-joiner-") as tmp:
+        path = Path(tmp) / "bodies.pkl"
+        off, bodies = render_fleet(args.fleet, args.copies, args.seconds)
+        path.write_bytes(pickle.dumps((off, bodies)))
+        trees = {"this tree": ""}
+        if args.baseline_rev:
+            root, commit = old_http_tree(Path(tmp), args.baseline_rev)
+            trees[commit] = str(root)
+        print(
+            f"joiner, fleet at {args.fleet} sampling: {args.copies} live copies, "
+            f"{args.seconds:.0f} s of data, {len(bodies):,} export requests; best of "
+            f"{args.repeats} per process, {args.rounds} alternating rounds",
+            flush=True,
+        )
+        best: dict[str, float] = {}
+        digest: dict[str, str] = {}
+        for _ in range(args.rounds):
+            for name, tree in trees.items():
+                line = subprocess.run(
+                    [sys.executable, "-c", _FLEET_RUNNER, tree, str(path), str(args.repeats)],
+                    capture_output=True, text=True, check=True,
+                ).stdout.split()  # fmt: skip
+                us, events, obs, sha = float(line[0]), int(line[1]), int(line[2]), line[3]
+                print(
+                    f"  {name:>10}: {us:6.2f} µs/event ({events:,} events, {obs:,} observations) sha256 {sha[:16]}",
+                    flush=True,
+                )
+                best[name] = min(best.get(name, us), us)
+                digest[name] = sha
+    for name, us in best.items():
+        print(f"{name:>12}: {us:6.2f} µs/event best")
+    if len(best) == 2:
+        (a, ua), (b, ub) = best.items()
+        same = "identical" if digest[a] == digest[b] else "DIFFERENT"
+        print(f"{a} = {ua / ub:.2f}× {b}; observations {same}")
+        return 0 if digest[a] == digest[b] else 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; print events/s, ratios and memory per in-flight request."""
     p = argparse.ArgumentParser(prog="python -m bench joiner", description=__doc__.split("\n")[0])
     p.add_argument("--requests", type=int, default=40_000)
     p.add_argument("--in-flight", type=int, default=10_000)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--fleet", choices=("default", "dense"), default=None,
+                   help="join bench serve's fleet recording instead (module docstring)")  # fmt: skip
+    p.add_argument("--copies", type=int, default=10, help="--fleet: live copies")
+    p.add_argument("--seconds", type=float, default=40.0, help="--fleet: seconds of data")
+    p.add_argument("--rounds", type=int, default=2, help="--fleet: alternating rounds")
+    p.add_argument("--baseline-rev", default=None, help="--fleet: also join with this revision")
     args = p.parse_args(argv)
+    if args.fleet:
+        return fleet_main(args)
 
     batches = build_stream(args.requests, args.in_flight)
     n_events = sum(len(b) for b in batches)
