@@ -51,6 +51,40 @@ class StepScores:
         return out
 
 
+#: One score of a finished request: (target, measured value, learned prediction, BLIS's
+#: shipped value — None for a target BLIS has no vector of, the queue wait)
+RequestScore = tuple[str, float, float, float | None]
+
+
+@dataclass(frozen=True)
+class RequestScores:
+    """Prequential predictions of a burst of finished requests, one tuple per score in
+    the order :meth:`LearnerSet.learn` would make them request by request (the α targets,
+    then the queue wait), and how many of the requests scored anything. What the learning
+    consumer's metrics take: a :class:`Scored` and its dict per score cost more than
+    learning the score's α."""
+
+    rows: list[RequestScore]
+    learned: int
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def scored(self) -> list[Scored]:
+        """One :class:`Scored` per score.
+
+        >>> RequestScores([("output_token", 9.0, 8.0, 7.0), ("queue_wait", 3.0, 2.0, None)], 1).scored()
+        ... # doctest: +NORMALIZE_WHITESPACE
+        [Scored(target='output_token', y=9.0, predictions={'learned': 8.0, 'blis_default': 7.0},
+                regime=None),
+         Scored(target='queue_wait', y=3.0, predictions={'learned': 2.0}, regime=None)]
+        """
+        return [
+            Scored(t, y, {"learned": p} if d is None else {"learned": p, "blis_default": d})
+            for t, y, p, d in self.rows
+        ]
+
+
 @dataclass(frozen=True)
 class VectorEstimate:
     """One learned vector. ``values`` is always publishable (finite, ≥ 0, full length)."""

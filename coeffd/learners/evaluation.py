@@ -295,6 +295,28 @@ class Evaluator:
                 self._flush()
                 pending = self._pending
 
+    def add_scored(
+        self, config: str, target: str, y: float, learned: float, default: float | None
+    ) -> None:
+        """:meth:`add` of the predictions ``{"learned": learned, "blis_default": default}``
+        (``default`` None: the learned one alone) without the dict: a finished request's
+        scores (:class:`~learners.estimates.RequestScores`)."""
+        if not math.isfinite(y):
+            return
+        pending = self._pending
+        for source, yhat in (("learned", learned), ("blis_default", default)):
+            if yhat is None or not math.isfinite(yhat):
+                continue
+            key = (config, target, source, "all")
+            rows = pending.get(key)
+            if rows is None:
+                rows = pending[key] = ([], [])
+            rows[0].append(y)
+            rows[1].append(yhat)
+            if len(rows[0]) >= self.window:  # bounded while nothing reads
+                self._flush()
+                pending = self._pending
+
     def _flush(self) -> None:
         """Put the rows recorded one at a time into their windows (the same windows as
         :meth:`RollingError.update` row by row: :meth:`RollingError.update_many`)."""

@@ -20,7 +20,13 @@ import numpy.typing as npt
 import structlog
 
 from coeffd.learners.config import LearnersConfig
-from coeffd.learners.estimates import Scored, StepScores, VectorEstimate
+from coeffd.learners.estimates import (
+    RequestScore,
+    RequestScores,
+    Scored,
+    StepScores,
+    VectorEstimate,
+)
 from coeffd.learners.evaluation import (
     Evaluator,
     WindowedRefit,
@@ -221,18 +227,26 @@ class LearnerSet:
         """:meth:`learn` of many finished requests (a joiner burst): the same predictions,
         updates and scores, in one loop; returns the scores and how many of the requests
         scored anything (the others were rejected)."""
-        out: list[Scored] = []
+        out = self.learn_request_scores(requests, evaluator)
+        return out.scored(), out.learned
+
+    def learn_request_scores(
+        self, requests: Sequence[RequestObservation], evaluator: Evaluator | None
+    ) -> RequestScores:
+        """:meth:`learn_requests` with the scores as tuples (what the learning consumer's
+        metrics take, without a :class:`Scored` and a dict per score)."""
+        rows: list[RequestScore] = []
         learned = 0
         for obs in requests:
-            k = len(out)
-            out.extend(self._learn_request(obs, evaluator))
-            if len(out) > k:
+            k = len(rows)
+            self._request_rows(obs, evaluator, rows)
+            if len(rows) > k:
                 learned += 1
         if learned:
             self.version += learned
             self.observations += learned
             self.updated_wall_ns = time.time_ns()
-        return out, learned
+        return RequestScores(rows, learned)
 
     def _score(
         self,
@@ -350,8 +364,19 @@ class LearnerSet:
         return keep
 
     def _learn_request(self, obs: RequestObservation, evaluator: Evaluator | None) -> list[Scored]:
-        out: list[Scored] = []
+        rows: list[RequestScore] = []
+        self._request_rows(obs, evaluator, rows)
+        return RequestScores(rows, 1 if rows else 0).scored()
+
+    def _request_rows(
+        self, obs: RequestObservation, evaluator: Evaluator | None, out: list[RequestScore]
+    ) -> None:
+        """Predict, score and learn one finished request's targets; its scores go to
+        ``out`` (one tuple each: a finished request is learned per observation, and
+        the per-score objects cost as much as the learning)."""
         default = _DEFAULT_ALPHA
+        steady = self.settings.steady
+        cid = self.config.id
         # BLIS's α0 is arrival → enqueued; vLLM's QUEUED also waits for the engine loop's
         # next iteration boundary, which BLIS simulates itself: learn α0 without it, and
         # not at all while the joiner cannot estimate it yet.
@@ -363,26 +388,26 @@ class LearnerSet:
         ):
             if y is None:
                 continue
-            m = self.learner(target)
+            m = self.learners.get(target) or self.learner(target)
             if not (math.isfinite(y) and y >= 0):
                 m.n_rejected += 1
                 continue
             y = float(y)
-            if self.settings.steady:
+            if steady:
                 # long memory in steady state as for β: α0 rows scatter ±50 % (the
                 # loop wait is only known in expectation), so ~2,000 rows of memory
                 # left α0 ±1 % — ±0.4 % of TTFT, α0 being ~40 % of it (bench closedloop)
-                learned = self.steady(target).learn_intercept_prequential(y)
+                est = self._steady.get(target) or self.steady(target)
+                learned = est.learn_intercept_prequential(y)
             else:
-                learned = float(m.prediction_coef()[0])
+                learned = m.intercept_prequential()
                 m.learn_intercept(y)
-            preds = {"learned": learned, "blis_default": default[target]}
             if evaluator is not None:
-                evaluator.add(self.config.id, target, y, preds)
-            out.append(Scored(target, y, preds))
+                evaluator.add_scored(cid, target, y, learned, default[target])
+            out.append((target, y, learned, default[target]))
         qs = obs.queue_state
         if obs.queue_wait_us is not None and qs is not None:
-            m = self.learner("queue_wait")
+            m = self.learners.get("queue_wait") or self.learner("queue_wait")
             xq = {
                 "one": 1.0,
                 "waiting_depth": float(qs.waiting_depth),
@@ -391,17 +416,11 @@ class LearnerSet:
             }
             y = float(obs.queue_wait_us)
             if math.isfinite(y):
-                out.append(
-                    self._score(
-                        evaluator,
-                        "queue_wait",
-                        y,
-                        {"learned": m.predict_prequential(xq, nonnegative=False)},
-                        None,
-                    )
-                )
+                p = m.predict_prequential(xq, nonnegative=False)
+                if evaluator is not None:
+                    evaluator.add_scored(cid, "queue_wait", y, p, None)
+                out.append(("queue_wait", y, p, None))
             m.learn_one(xq, y)
-        return out
 
     def _learn_kv(self, obs: KVTransferObservation, evaluator: Evaluator | None) -> list[Scored]:
         if not obs.success:

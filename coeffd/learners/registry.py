@@ -19,7 +19,13 @@ import numpy as np
 import structlog
 
 from coeffd.learners.config import LearnersConfig
-from coeffd.learners.estimates import ConfigEstimate, Scored, StepScores, VectorEstimate
+from coeffd.learners.estimates import (
+    ConfigEstimate,
+    RequestScores,
+    Scored,
+    StepScores,
+    VectorEstimate,
+)
 from coeffd.learners.evaluation import Evaluator
 from coeffd.learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA, BlisBasis
 from coeffd.learners.features.config import BasisResolver, ServingConfig
@@ -172,9 +178,16 @@ class LearnerRegistry:
     ) -> tuple[list[Scored], int]:
         """:meth:`learn` for many finished requests of one configuration, in one loop;
         returns the scores and how many requests scored anything."""
-        out, learned = self.ensure(config).learn_requests(requests, self.evaluator)
-        self.rejected += len(requests) - learned
-        return out, learned
+        out = self.learn_request_scores(config, requests)
+        return out.scored(), out.learned
+
+    def learn_request_scores(
+        self, config: ServingConfig, requests: Sequence[RequestObservation]
+    ) -> RequestScores:
+        """:meth:`learn_requests` with the scores as tuples (the learning consumer's path)."""
+        out = self.ensure(config).learn_request_scores(requests, self.evaluator)
+        self.rejected += len(requests) - out.learned
+        return out
 
     def learn_steps(self, config: ServingConfig, steps: Sequence[StepObservation]) -> list[Scored]:
         """:meth:`learn` for many step observations of one configuration (vectorised)."""

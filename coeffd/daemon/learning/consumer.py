@@ -36,7 +36,7 @@ from coeffd.daemon.publish.store import SnapshotStore
 from coeffd.daemon.query.statistics import StatisticsExporter
 from coeffd.daemon.writer import Writer
 from coeffd.joiner import Joiner
-from coeffd.learners.estimates import Scored, StepScores
+from coeffd.learners.estimates import RequestScores, Scored, StepScores
 from coeffd.learners.features.config import ServingConfig
 from coeffd.learners.registry import LearnerRegistry
 from coeffd.learners.targets import ALPHA_TARGETS
@@ -333,12 +333,11 @@ class LearningConsumer:
                 for s in scored:
                     self._record(cid, s)
         for cid, (cfg, reqs) in requests.items():
-            scored, learned = self.registry.learn_requests(cfg, reqs)
-            if learned:
-                self.observations += learned
+            rscores = self.registry.learn_request_scores(cfg, reqs)
+            if rscores.learned:
+                self.observations += rscores.learned
                 self.publisher.pending(cid, now)
-                for s in scored:
-                    self._record(cid, s)
+                self._record_requests(cid, rscores)
         for cid, (cfg, batch) in steps.items():
             skipped = self.registry.approximate_skipped
             scores = self.registry.learn_step_scores(cfg, batch)
@@ -380,6 +379,23 @@ class LearningConsumer:
             if errors is None:
                 errors = self._errors[(cid, s.target, source)] = []
             errors.append(abs(y - yhat) / y)
+
+    def _record_requests(self, cid: str, scores: RequestScores) -> None:
+        """:meth:`_record` for a burst of finished requests' scores (tuples, not
+        :class:`Scored`: the same counts and errors, in the same order)."""
+        counts, errors = self._learned, self._errors
+        for target, y, learned, default in scores.rows:
+            key = (cid, target)
+            counts[key] = counts.get(key, 0) + 1
+            if not (y > 0 and math.isfinite(y)):
+                continue
+            for source, yhat in (("learned", learned), ("blis_default", default)):
+                if yhat is None or not math.isfinite(yhat):
+                    continue
+                rows = errors.get((cid, target, source))
+                if rows is None:
+                    rows = errors[(cid, target, source)] = []
+                rows.append(abs(y - yhat) / y)
 
     def _record_steps(self, cid: str, scored: StepScores) -> None:
         """:meth:`_record` for a burst of step scores (one histogram update per source)."""
