@@ -27,19 +27,39 @@ def dry_run(target: str, venv: Path) -> list[str]:
     return done.stdout.splitlines()
 
 
-def installs(lines: list[str]) -> list[str]:
-    return [line.split("pip install", 1)[1].strip() for line in lines if "pip install" in line]
+def installs(lines: list[str]) -> list[tuple[str, str]]:
+    """(installer, what it installs) of each install command: the project (``-e ...``)
+    with uv, else with pip (the fallback), in that order."""
+    out = []
+    for line in lines:
+        for part in line.replace(";", "&&").split("&&"):
+            words = part.split()
+            if "install" not in words:
+                continue
+            tool = "uv" if words[0].endswith("/uv") else "pip"
+            out.append((tool, " ".join(words[words.index("install") + 1 :])))
+    return [(tool, what.split("-e ", 1)[1]) for tool, what in out if "-e " in what]
 
 
 def test_run_installs_only_the_runtime_dependencies(tmp_path: Path) -> None:
     lines = dry_run("run", tmp_path / "venv")
-    assert installs(lines) == ["--quiet --upgrade pip", "--quiet -e ."]
+    assert installs(lines) == [("uv", "."), ("pip", ".")]
     assert lines[-1].strip().endswith("bin/coeffd demo")
 
 
 @pytest.mark.parametrize("target", ["test", "pytest", "lint", "typecheck", "setup"])
 def test_the_development_targets_add_the_dev_extras(tmp_path: Path, target: str) -> None:
-    assert installs(dry_run(target, tmp_path / "venv"))[-1] == "--quiet -e '.[dev]'"
+    """One install of the dev extras with the runtime (issue 32: two runs cost a second
+    resolution), by uv, else by pip."""
+    assert installs(dry_run(target, tmp_path / "venv")) == [("uv", "'.[dev]'"), ("pip", "'.[dev]'")]
+
+
+def test_uv_is_installed_from_the_venv_itself(tmp_path: Path) -> None:
+    """Nothing installed by hand: uv comes from PyPI into the new venv, by its own pip."""
+    text = "\n".join(dry_run("setup", tmp_path / "venv"))
+    venv = str(tmp_path / "venv")
+    assert f"{venv}/bin/python -m pip install --quiet uv && {venv}/bin/uv pip install" in text
+    assert f"--python {venv}/bin/python" in text
 
 
 def test_ci_runs_make_test() -> None:
