@@ -292,9 +292,69 @@ done:
     return result;
 }
 
+
+/* A list of floats or a float64 buffer of n values into out (-1 with an exception). */
+static int read_values(PyObject *obj, double *out, Py_ssize_t n, const char *what) {
+    if (PyList_Check(obj)) return read_floats(obj, out, n, what);
+    Py_buffer v;
+    if (PyObject_GetBuffer(obj, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    int bad = v.len != n * 8 || v.itemsize != 8 || v.format == NULL || strcmp(v.format, "d") != 0;
+    if (!bad) memcpy(out, v.buf, sizeof(double) * (size_t)n);
+    PyBuffer_Release(&v);
+    if (bad) {
+        PyErr_Format(PyExc_ValueError, "%s: expected %zd float64 values", what, n);
+        return -1;
+    }
+    return 0;
+}
+
+/* compare(ys, pfs, pss, g, f, s, b, bf, clip) -> (f, s, b, bf)
+ * steady.SteadyEstimator._compare_rows' loop: the EW mean |relative error| of the fast
+ * (f) and long-memory (s) predictions and their EW mean signed errors (bf, b), row by
+ * row, with Python's max/min (the first argument unless the second compares greater /
+ * smaller, so a NaN passes through as it does there). */
+static PyObject *compare(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 9 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "compare: ys (a list) and 8 more arguments");
+        return NULL;
+    }
+    Py_ssize_t m = PyList_GET_SIZE(args[0]);
+    double g = PyFloat_AsDouble(args[3]), f = PyFloat_AsDouble(args[4]);
+    double s = PyFloat_AsDouble(args[5]), b = PyFloat_AsDouble(args[6]);
+    double bf = PyFloat_AsDouble(args[7]), clip = PyFloat_AsDouble(args[8]);
+    if (PyErr_Occurred()) return NULL;
+    double *buf = PyMem_Malloc(sizeof(double) * (size_t)(3 * m + 1));
+    if (buf == NULL) return PyErr_NoMemory();
+    double *y = buf, *pf = buf + m, *ps = buf + 2 * m;
+    if (read_floats(args[0], y, m, "ys") < 0 || read_values(args[1], pf, m, "pfs") < 0 ||
+        read_values(args[2], ps, m, "pss") < 0) {
+        PyMem_Free(buf);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        double ay = fabs(y[i]);
+        if (1e-12 > ay) ay = 1e-12;
+        double a = (y[i] - pf[i]) / ay;
+        if (-clip > a) a = -clip;
+        if (clip < a) a = clip;
+        double r = (y[i] - ps[i]) / ay;
+        if (-clip > r) r = -clip;
+        if (clip < r) r = clip;
+        f = f != f ? fabs(a) : f + g * (fabs(a) - f);
+        s = s != s ? fabs(r) : s + g * (fabs(r) - s);
+        b += g * (r - b);
+        bf += g * (a - bf);
+    }
+    PyMem_Free(buf);
+    return Py_BuildValue("(dddd)", f, s, b, bf);
+}
+
 static PyMethodDef methods[] = {
     {"fold", (PyCFunction)(void (*)(void))fold, METH_FASTCALL,
      "One RLS fold: robust weights and the rank-m update of (A, b) (see _fold.c)."},
+    {"compare", (PyCFunction)(void (*)(void))compare, METH_FASTCALL,
+     "The steady pair's error comparison of a chunk of rows (see _fold.c)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from coeffd.learners import native as _native
 from coeffd.learners.rls import RLSRegressor
 
 __all__ = ["SteadyEstimator", "identified_fit", "term_sources"]
@@ -169,7 +170,7 @@ class SteadyEstimator:
                 pf = self.fast.learn_many_prequential(xa[seg], ya[seg], nonnegative=nonnegative)
                 ps = self.slow.learn_many_prequential(xa[seg], ya[seg], nonnegative=nonnegative)
             out[seg] = ps if self.mode == STEADY else pf
-            self._compare_rows(ys[seg], pf.tolist(), ps.tolist())
+            self._compare_rows(ys[seg], pf, ps)
             i = seg.stop
         return out
 
@@ -214,9 +215,21 @@ class SteadyEstimator:
     def _compare(self, y: FloatArray, pf: FloatArray, ps: FloatArray) -> None:
         self._compare_rows(y.tolist(), pf.tolist(), ps.tolist())
 
-    def _compare_rows(self, ys: list[float], pfs: list[float], pss: list[float]) -> None:
+    def _compare_rows(
+        self, ys: list[float], pfs: list[float] | FloatArray, pss: list[float] | FloatArray
+    ) -> None:
         g = 1.0 / max(self.memory, 1)
         f, s, b, bf = self._err_fast, self._err_slow, self._bias_slow, self._bias_fast
+        if _native.compare is not None:
+            # the loop below in C (learners.native), the same float operations
+            f, s, b, bf = _native.compare(ys, pfs, pss, g, f, s, b, bf, _ERR_CLIP)
+            self._err_fast, self._err_slow, self._bias_slow, self._bias_fast = f, s, b, bf
+            self._judge(len(ys), g)
+            return
+        if isinstance(pfs, np.ndarray):
+            pfs = pfs.tolist()
+        if isinstance(pss, np.ndarray):
+            pss = pss.tolist()
         for y, pf, ps in zip(ys, pfs, pss, strict=True):
             ay = max(abs(y), 1e-12)
             a = min(max((y - pf) / ay, -_ERR_CLIP), _ERR_CLIP)

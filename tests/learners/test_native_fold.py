@@ -201,8 +201,11 @@ def test_registry_on_simfleet_predicts_and_publishes_as_pure(
     assert len(steps) > 1000 and len(reqs) > 50
     cfg = ServingConfig(model="llama-3.1-8b-instruct", gpu="H100")  # simfleet's engine
 
+    compare = native.compare
+
     def run(compiled: bool) -> tuple[list[object], object]:
         monkeypatch.setattr(RLSRegressor, "use_native", compiled)
+        monkeypatch.setattr(native, "compare", compare if compiled else None)
         reg = LearnerRegistry()
         out: list[object] = []
         for i in range(0, max(len(steps), len(reqs) * 20), 200):
@@ -215,3 +218,26 @@ def test_registry_on_simfleet_predicts_and_publishes_as_pure(
 
     got, want = run(True), run(False)
     assert str(got) == str(want)  # NaN-safe: the same reprs, every float bit for bit
+
+
+def test_steady_comparison_as_the_pure_loop() -> None:
+    """``compare``: the steady pair's error comparison (``_compare_rows``' loop), NaN,
+    zero and clipped rows included, from a NaN start (nothing seen yet) and a number."""
+    rng = np.random.default_rng(9)
+    ys = [*rng.uniform(0.0, 100.0, 500).tolist(), 0.0, -3.0, float("nan"), 1e-13]
+    pf = np.array([*rng.uniform(0.0, 150.0, 500).tolist(), 1.0, float("nan"), 2.0, 0.0])
+    ps = pf * 1.1
+    g = 1 / 64
+    for start in (float("nan"), 0.1):
+        got = native.compare(ys, pf, ps, g, start, 0.2, 0.01, -0.02, 0.3)
+        lists = native.compare(ys, pf.tolist(), ps.tolist(), g, start, 0.2, 0.01, -0.02, 0.3)
+        f, s, b, bf = start, 0.2, 0.01, -0.02
+        for y, p, q in zip(ys, pf.tolist(), ps.tolist(), strict=True):  # _compare_rows' loop
+            ay = max(abs(y), 1e-12)
+            a = min(max((y - p) / ay, -0.3), 0.3)
+            r = min(max((y - q) / ay, -0.3), 0.3)
+            f = abs(a) if f != f else f + g * (abs(a) - f)
+            s = abs(r) if s != s else s + g * (abs(r) - s)
+            b += g * (r - b)
+            bf += g * (a - bf)
+        assert str(got) == str(lists) == str((f, s, b, bf))
