@@ -181,6 +181,8 @@ class RLSRegressor(base.Regressor):
         self._pred: FloatArray | None = None
         self._pred_free: FloatArray | None = None
         self._pred_key = (-1, -1)
+        #: the compiled fold's output arrays (xc, cy) by fold size, reused fold to fold
+        self._fold_bufs: dict[int, tuple[FloatArray, FloatArray]] = {}
         #: intercept_prequential's last answer: ((folded, generation, nonnegative), value)
         self._intercept: tuple[tuple[int, int, bool], float] = ((-1, -1, True), 0.0)
         self._theta_at: tuple[int, int] = (-1, -1)
@@ -435,6 +437,28 @@ class RLSRegressor(base.Regressor):
             out[i:j] = x @ self.prediction_coef(nonnegative)
             m = j - i
             # learn_many's bookkeeping, for finite rows of weight 1
+            if (
+                self._pend_blocks
+                and self._since_refresh + m >= k
+                and all(type(r) is np.ndarray for r in self._pend_x)
+            ):
+                # this run completes a fold begun by an earlier run (a steady pair's
+                # pieces are not aligned with its learners' folds): what _fold would
+                # fold, the waiting blocks and this run in one array, without copying
+                # the run first
+                xs = np.concatenate([*self._pend_x, x])
+                ys = [float(v) for v in self._pend_y] + [float(v) for v in y[i:j]]
+                ws = [float(v) for v in self._pend_w] + [1.0] * m
+                self._pend_x, self._pend_y, self._pend_w = [], [], []
+                self._pend_blocks = False
+                self._since_refresh += m
+                self.n_learned += m
+                self._fold_rows(xs, ys, ws)
+                self._refresh()
+                self._theta = None
+                self._valid = None
+                i = j
+                continue
             if self._pend_y or m < k:
                 self._pend_x.append(x.copy())
                 self._pend_blocks = True
@@ -803,8 +827,12 @@ class RLSRegressor(base.Regressor):
         array = isinstance(x, np.ndarray)
         yhat = x @ self._theta_w if robust and array else None
         m = len(ys)
-        xc = np.empty((m, self._d)) if array else None
-        cy = np.empty(m) if array else None
+        xc = cy = None
+        if array:
+            bufs = self._fold_bufs.get(m)  # one pair per fold size (all but a few: 16)
+            if bufs is None:
+                bufs = self._fold_bufs[m] = (np.empty((m, self._d)), np.empty(m))
+            xc, cy = bufs
         after, scale = self._advance(m)
         done, s_ew, n_down, clipped, c = _native.fold(
             x,
