@@ -19,7 +19,8 @@ share of its core each level used. A level fails by the daemon — any observati
 sender (over 1 s late with its core busy), which is reported as such, never as the
 daemon's limit. Levels double from ``--start`` engines until one fails, then bisect. The
 daemon runs at its defaults except ``joiner.max_engines`` / ``max_requests`` (sized to the
-fleet, as the operator of a large fleet must: the default 1,024 engines would evict) and,
+fleet: each level starts new engine identities while a level's daemon keeps the earlier
+ones, so the levels of a search can pass the default 4,096) and,
 with ``--quick``, ``joiner.window_s = 5`` (each level waits a window before it is
 measured; 30 s otherwise).
 
@@ -31,9 +32,11 @@ doubling levels do. ``--quick --part rate`` (from 64 engines, one bisection, 30 
 recording) takes ~3 minutes. Targets (issue 34): ≥ 1,000 engines per core, ≥ 5× the
 baseline revision.
 
-Measured 2026-11-28 (``--quick``, 2 shared cores under load 4–5): this tree 384 engines
-per core, 7e2957b 128 in the same run (3.0×: both targets missed); ingest-only
-1,536–3,072; every step sampled 8 (bench/README.md has the runs).
+Measured 2026-11-28 (``--quick --part rate``, 2 shared cores under load 7–9): this tree
+512–768 engines per core, 1,024 falling behind; 7e2957b held no level (its wall-clock
+tick rule sheds from 32 engines on a loaded machine; 96–128 at load 4–5, when this tree
+held 384): both targets missed; ingest-only 1,536–3,072; every step sampled 8
+(bench/README.md has the runs).
 """
 
 from __future__ import annotations
