@@ -233,9 +233,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"  max relative coefficient difference vs River: learn_one {agree:.2e}, learn_many {agree_many:.2e}"
     )
+    from coeffd.learners import native
+
+    fold = "compiled fold" if native.AVAILABLE else f"pure-Python fold ({native.UNAVAILABLE})"
     print(
         f"production path (LearningConsumer.learn), simfleet steady engine, {args.seconds:.0f} s, "
-        "every step and journey sampled, process CPU"
+        f"every step and journey sampled, process CPU, {fold}"
     )
     print(
         f"  step observation                                       : {t_step:8.2f} µs/obs     "

@@ -183,6 +183,8 @@ class RLSRegressor(base.Regressor):
         self._pred_key = (-1, -1)
         #: the compiled fold's output arrays (xc, cy) by fold size, reused fold to fold
         self._fold_bufs: dict[int, tuple[FloatArray, FloatArray]] = {}
+        #: predict_prequential's coefficients as floats: ((folded, generation, nonneg), list)
+        self._coef_list: tuple[tuple[int, int, bool], list[float]] = ((-1, -1, True), [])
         #: intercept_prequential's last answer: ((folded, generation, nonnegative), value)
         self._intercept: tuple[tuple[int, int, bool], float] = ((-1, -1, True), 0.0)
         self._theta_at: tuple[int, int] = (-1, -1)
@@ -326,7 +328,7 @@ class RLSRegressor(base.Regressor):
             self._fold()
         if self._valid is None:
             theta = self.coef
-            if np.all(theta >= 0):
+            if (theta >= 0).all():  # the method: np.all adds a Python wrapper
                 # The problem is strictly convex: a feasible unconstrained optimum is the NNLS one.
                 self._valid = theta
             else:
@@ -376,7 +378,7 @@ class RLSRegressor(base.Regressor):
             theta = self._pred_free
             assert theta is not None
             # one feature: a float comparison (np.all costs ~2 µs a call, once a fold)
-            if not (theta[0] >= 0.0 if self._d == 1 else np.all(theta >= 0)):
+            if not (theta[0] >= 0.0 if self._d == 1 else (theta >= 0).all()):
                 a, b = self._pred_ab
                 theta = nnls_information(a, b, warm=self._positive)
                 self._positive = theta > 0  # the next fold rarely changes the active set
@@ -394,7 +396,11 @@ class RLSRegressor(base.Regressor):
         theta = self.prediction_coef(nonnegative)
         if self._d == 1:  # the sum of one product, without the list
             return float(theta[0]) * float(x.get(self.features[0], 0.0))
-        return float(sum(map(operator.mul, theta.tolist(), map(x.get, self.features, self._zeros))))
+        key = (self._folded, self._generation, nonnegative)
+        if self._coef_list[0] != key:  # the coefficients as floats, once a fold
+            self._coef_list = (key, theta.tolist())
+        coef = self._coef_list[1]
+        return float(sum(map(operator.mul, coef, map(x.get, self.features, self._zeros))))
 
     def learn_many_prequential(
         self, X: FloatArray, y: FloatArray, *, nonnegative: bool = True
