@@ -74,6 +74,8 @@ _YOUNG_ROWS = 128
 #: The most rows the compiled fold takes at once (it copies them; larger folds, only from
 #: ``learn_many`` with a large ``refresh_every``, take the pure path).
 _NATIVE_MAX_ROWS = 4096
+#: ... and the most features (its stack buffer; coeffd's learners have at most 21)
+_NATIVE_MAX_FEATURES = 64
 
 
 class RLSRegressor(base.Regressor):
@@ -789,7 +791,12 @@ class RLSRegressor(base.Regressor):
         """Whether the compiled fold takes a fold of ``m`` rows (:mod:`learners.native`):
         not the first robust chunk (its residual scale starts from a median), nor a zero
         scale (the pure path raises there), nor more rows than it buffers."""
-        if _native.fold is None or not self.use_native or m > _NATIVE_MAX_ROWS:
+        if (
+            _native.fold is None
+            or not self.use_native
+            or m > _NATIVE_MAX_ROWS
+            or self._d > _NATIVE_MAX_FEATURES
+        ):
             return False
         if self.weighting == "relative" or self.huber is not None or self.drift is not None:
             return bool(self._sigma_w)  # None (first chunk) or 0.0: the pure path

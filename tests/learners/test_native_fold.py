@@ -241,3 +241,22 @@ def test_steady_comparison_as_the_pure_loop() -> None:
             b += g * (r - b)
             bf += g * (a - bf)
         assert str(got) == str(lists) == str((f, s, b, bf))
+
+
+def test_wide_and_long_folds_take_the_pure_path() -> None:
+    """More features or rows than the compiled fold buffers: the pure path, no error."""
+    rng = np.random.default_rng(12)
+    x = rng.uniform(0.1, 2.0, (300, 70))
+    y = x @ rng.uniform(0, 1, 70)
+    names = [f"x{i}" for i in range(70)]
+    c, p = RLSRegressor(names, huber=3.0), RLSRegressor(names, huber=3.0)
+    p.use_native = False
+    c.learn_many(x, y)
+    p.learn_many(x, y)
+    assert _state(c) == _state(p)
+    c = RLSRegressor(["a", "b"], refresh_every=5000)
+    p = RLSRegressor(["a", "b"], refresh_every=5000)
+    p.use_native = False
+    for m in (c, p):
+        m.learn_many(np.ones((5000, 2)), np.arange(5000.0))
+    assert _state(c) == _state(p)
