@@ -50,12 +50,13 @@ def test_pooled_workloads_are_distinct_replicas_after_their_warm_up() -> None:
     spec = engine_spec("dense")
     t = spec.truth.points[0]
     one = with_coefficients(spec, t.alpha, t.beta, 8.0)
-    pooled = serve_pooled(one, 30.0, 5, replicas=2)
-    first, second = serve(one, 30.0, 5), serve(one, 30.0, 1005)
+    # 15 simulated s (was 30: the same exact equalities on half the requests, ~120 each)
+    pooled = serve_pooled(one, 15.0, 5, replicas=2)
+    first, second = serve(one, 15.0, 5), serve(one, 15.0, 1005)
     assert first != second  # a different workload, not the same one twice
-    # each replica keeps its own requests that arrived after its warm-up (3 s), apart
+    # each replica keeps its own requests that arrived after its warm-up (1.5 s), apart
     for k, r in enumerate((first, second)):
-        warm = min(v[0] for v in r.values()) + 3e9
+        warm = min(v[0] for v in r.values()) + 1.5e9
         mine = {
             i % REPLICA_KEY_STRIDE: v for i, v in pooled.items() if i // REPLICA_KEY_STRIDE == k
         }
@@ -77,6 +78,10 @@ def test_pulled_coefficients_judged_against_truth_and_blis_defaults() -> None:
         settings={"joiner": {"window_s": 5.0}},
         resolution=True,
         replicas=2,
+        # capacity over 30 simulated s, not 90 (half of this test's CPU): it only sets the
+        # load, within 10 % of the 90 s figure over seeds 1-5, and every assertion below
+        # compares runs served at one and the same rate
+        capacity_s=30.0,
     )
     (seed,) = res.seeds
     pulled = seed.pulled["dense"]
