@@ -46,9 +46,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Daemon, RunResult, 
     flushes, learns and publishes (waiting for the live clock to finalize it was ~35 s
     of an idle daemon). Engines drain 5 simulated s after arrivals stop (was 30)."""
     tmp = tmp_path_factory.mktemp("fleet")
+    # Shedding and engine sampling off: the α tolerances come from the observations the
+    # daemon learned, and the informative bound (< 2 %) needs all of them; on a loaded
+    # machine the daemon shed part (a fresh-clone suite: α2's tolerance 2.04 %).
     d = start_daemon(
         tmp, "--kv-endpoint", "tcp://127.0.0.1:*", "--set", "kv.bind=true",
-        "--set", "kv.topic_sources=true",
+        "--set", "kv.topic_sources=true", "--set", "pipeline.shed_learning=false",
+        "--set", "pipeline.sample_engines=false",
     )  # fmt: skip
     try:
         res = run(
