@@ -30,8 +30,14 @@ from coeffd.joiner import pinned
 from coeffd.joiner.composition import Life, aggregates_of, from_lives, from_snapshots
 from coeffd.joiner.config import JoinerConfig
 from coeffd.joiner.loopwait import LoopWait, LoopWaitQueue, loop_wait
-from coeffd.joiner.starts import BUCKET_BITS, COMPL, QUEUED, Anchors, StepStarts, anchor_type
-from coeffd.records.events import BatchSummary, JourneyEvent, RequestSnapshot, Source
+from coeffd.joiner.starts import BUCKET_BITS, COMPL, QUEUED, SCHED, Anchors, StepStarts
+from coeffd.records.events import (
+    BatchSummary,
+    JourneyEvent,
+    JourneyKind,
+    RequestSnapshot,
+    Source,
+)
 from coeffd.records.observations import (
     BatchRequest,
     Composition,
@@ -55,6 +61,16 @@ class StepResult:
     observation: StepObservation | None
     outcome: str  # joined | unmatched | rejected
     reason: str = ""
+
+
+# anchor_type by kind (an aborted FINISHED is QUEUED: add_anchor)
+_ANCHOR_TYPE = {
+    JourneyKind.SCHEDULED: SCHED,
+    JourneyKind.PREEMPTED: SCHED,
+    JourneyKind.QUEUED: QUEUED,
+    JourneyKind.FIRST_TOKEN: COMPL,
+    JourneyKind.FINISHED: COMPL,
+}
 
 
 def _mark(steps: list[int], n: int) -> None:
@@ -252,9 +268,11 @@ class EngineState:
         """Index a journey event as an anchor of the step start it pins."""
         if ev.wall_ns > self.touched:
             self.touched = ev.wall_ns
-        typ = anchor_type(ev)
+        typ = _ANCHOR_TYPE.get(ev.kind)  # anchor_type(ev), inlined: once per journey event
         if typ is None:
             return
+        if typ == COMPL and ev.finish_status == "aborted" and ev.kind is JourneyKind.FINISHED:
+            typ = QUEUED
         if ev.step < self.horizon:
             return
         d = self.anchors[typ]

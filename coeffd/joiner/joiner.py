@@ -576,7 +576,10 @@ class Joiner:
                 continue
             self._emit_request(entry, core, eng.source, qs)
         cores = entry.cores
-        if len(cores) >= self._expected_cores(entry) and all(c.emitted for c in cores.values()):
+        if len(cores) >= self._expected_cores(entry):
+            for c in cores.values():
+                if not c.emitted:
+                    return
             self._close_entry(entry)
 
     def _wait_for_coverage(self, sid: str, step: int, key: EntryKey) -> None:

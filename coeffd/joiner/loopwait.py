@@ -105,8 +105,17 @@ def loop_wait(
     if q <= 0:
         return 0.0, "idle"
     lives = starts.lives.get(q >> BUCKET_BITS, ())
-    if not any(life.first <= q < life.last for life in lives):
-        if any(life.first <= q <= life.last for life in lives):
+    # any(first <= q < last), and any(first <= q <= last), in one loop without generators
+    # (once per request observation, over its bucket's lives)
+    busy = covered = False
+    for life in lives:
+        if life.first <= q <= life.last:
+            covered = True
+            if q < life.last:
+                busy = True
+                break
+    if not busy:
+        if covered:
             return None, "draining"
         if drained_before(starts, q):
             return 0.0, "idle"

@@ -255,7 +255,7 @@ class StepStarts:
             # journey spans ask this of every step of their ranges)
         present = self._pinning(n, a)
         cal, m = self.cal, self.cfg.min_calibration
-        if all(cal.mean_var(typ, m) is None for typ, _ in present):
+        if not any(cal.usable(typ, m) for typ, _ in present):
             return None  # no estimate from uncalibrated types (nor bounds needed for it)
         bounds = self._intersect(present)
         if bounds is None or bounds[0] > bounds[1]:
@@ -385,8 +385,9 @@ class StepStarts:
         for b in range(lo >> BUCKET_BITS, (hi >> BUCKET_BITS) + 1):
             b_lo, b_hi = max(lo, b << BUCKET_BITS), min(hi, ((b + 1) << BUCKET_BITS) - 1)
             for life in self.lives.get(b, ()):
-                end = b_hi if life.first_token is None else min(b_hi, life.first_token)
-                if max(b_lo, life.first) <= end:
+                # max(b_lo, first) <= min(b_hi, first_token), without the calls (per life)
+                first, ft = life.first, life.first_token
+                if (first if first > b_lo else b_lo) <= (b_hi if ft is None or ft > b_hi else ft):
                     return True
         return False
 

@@ -70,3 +70,25 @@ def test_the_default_cap_holds_a_thousand_engine_fleet_through_restarts() -> Non
     for e in range(2_000):
         j.push_many([_step_span(e, t0 + e * 10_000_000)])  # all within 20 s
     assert len(j._engines) == 2_000 and j.evictions == 0
+
+
+def test_the_inlined_anchor_table_agrees_with_anchor_type() -> None:
+    """EngineState.add_anchor types journey events by a table (once per event); it must
+    give what starts.anchor_type says for every kind and finish status."""
+    from coeffd.joiner import engine, starts
+    from coeffd.records.events import JourneyEvent, JourneyKind
+
+    info = _step_span(1, 10 * S).span
+    eng = engine.EngineState(info.source, JoinerConfig())
+    for kind in JourneyKind:
+        for status in ("stopped", "aborted", "length", None):
+            ev = JourneyEvent(
+                info, kind, 10 * S, 5 * S, 40, "DECODE", 8, 8, 1, 4, 0, finish_status=status
+            )  # type: ignore[arg-type]
+            typ = starts.anchor_type(ev)
+            before = [dict(d) for d in eng.anchors]
+            eng.add_anchor(ev)
+            got = [t for t in range(3) if eng.anchors[t] != before[t]]
+            assert got == ([] if typ is None else [typ]), (kind, status, got, typ)
+            for d in eng.anchors:
+                d.clear()
