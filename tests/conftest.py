@@ -15,7 +15,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     ``make test`` hands whole files to two workers (``--dist loadfile``), each taking the
     next file in collection order when it is free; a one-minute file collected late ran
     alone at the end while the other worker idled. Longest first bounds that tail by the
-    shortest files instead."""
+    shortest files instead. (xdist keeps this order only with ``--no-loadscope-reorder``,
+    which the Makefile passes; by default it sorts files by their number of tests.)"""
     slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow)  # stable
 
