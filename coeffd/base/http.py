@@ -420,7 +420,9 @@ class HttpServer:
         that connected just before it and has not sent (or we have not read) its request
         yet. What an attacker cannot do: make its connections old without waiting (a
         connection that waited ``cut_grace`` is cut first, oldest first, as before), nor
-        cut, by any burst, a client that connected before it within ``cut_grace``. What it
+        cut, by a burst that fills the cap, a client that connected before it within
+        ``cut_grace`` (with ``max_connections`` above ``BURST``; a cap filled by requests
+        in progress and fewer than ``BURST`` waiting ones still cuts the oldest). What it
         still can: a new client is the newest connection until the next one arrives, so
         an attacker connecting between a client's connect and its request's first bytes
         (a window of a round trip, or of the client's own scheduling) cuts it — as a
