@@ -273,24 +273,38 @@ class EngineState:
             return
         if typ == COMPL and ev.finish_status == "aborted" and ev.kind is JourneyKind.FINISHED:
             typ = QUEUED
-        if ev.step < self.horizon:
+        step = ev.step
+        if step < self.horizon:
             return
         d = self.anchors[typ]
-        times = d.get(ev.step)
+        times = d.get(step)
         self.n_anchors += 1
-        if times is None:
-            d[ev.step] = (ev.mono_ns,)
-            self._first_sighting(ev.wall_ns, ev.step)
-            # the starts it may pin: S(n) for SCHEDULED(n), S(n+1) for QUEUED(n),
-            # S(n+1+a) for a completion (a unknown here: both)
-            pins = self.pinnable
-            if typ == COMPL:
-                _mark(pins, ev.step + 1)
-                _mark(pins, ev.step + 2)
-            else:
-                _mark(pins, ev.step + (typ == QUEUED))
+        if times is not None:
+            d[step] = (*times, ev.mono_ns)
+            return
+        d[step] = (ev.mono_ns,)
+        # _first_sighting's common case inline: the step is sighted in the newest bucket
+        wall, end = ev.wall_ns, self._tail_end
+        if end - _SIGHTING_BUCKET_NS <= wall < end:
+            if step > self.max_step:
+                self.max_step = step
+            if step > self._tail_step:
+                self._tail_step = step
         else:
-            d[ev.step] = (*times, ev.mono_ns)
+            self._first_sighting(wall, step)
+        # the starts it may pin: S(n) for SCHEDULED(n), S(n+1) for QUEUED(n), S(n+1+a) for
+        # a completion (a unknown here: both); _mark's append inline when they are newest
+        pins = self.pinnable
+        first = step + 1 if typ != SCHED else step
+        last = step + 2 if typ == COMPL else first
+        if not pins or pins[-1] < first:
+            pins.append(first)
+            if last != first:
+                pins.append(last)
+        else:
+            _mark(pins, first)
+            if last != first:
+                _mark(pins, last)
 
     def add_coverage(self, start: int, end: int) -> None:
         """Record that every summary of steps ``start..end`` has been delivered."""

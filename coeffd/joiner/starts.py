@@ -141,6 +141,9 @@ class StepStarts:
         self.votes = [0, 0]  # sync, async
         self.cal = Calibration()
         self.max_duration_ns = 0  # longest schedule() seen in a summary
+        # which anchor types Calibration.usable: it only grows (deltas are never dropped
+        # below min_calibration), so _nearest re-asks only while one is not
+        self._usable = [False, False, False]
 
     # ------------------------------------------------------------------ loop mode
 
@@ -353,8 +356,10 @@ class StepStarts:
         summaries = self.summaries
         # an anchor type not calibrated yet pins no point (point() needs one that is);
         # that stays so until a point is found (only a found one cross-calibrates)
-        cal, m = self.cal, self.cfg.min_calibration
-        ok = [cal.usable(typ, m) for typ in range(3)]
+        ok = self._usable
+        if not ok[0] or not ok[1] or not ok[2]:  # once usable, a type stays usable
+            cal, m = self.cal, self.cfg.min_calibration
+            ok[:] = [cal.usable(typ, m) for typ in range(3)]
         if not any(ok) and self.summary_steps is not None:
             return self._nearest_summary(steps, a)  # only summaries pin: few, and sorted
         sched = self.anchors[SCHED] if ok[SCHED] else {}
