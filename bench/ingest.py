@@ -451,7 +451,7 @@ def fuzz(seconds: float, seed: int = 0) -> int:
     while time.monotonic() - t0 < seconds:
         data = _mutate(rng, rng.choice(seeds))
         native.wire.decode(data, native.PLAN, lambda raw: source, None, None, {})
-        outs = []
+        outs: list[Any] = []
         for flag in (True, False):
             dec = Decoder(native=flag)
             dec.step_filter = (lambda s: s % 2 == 0) if n % 2 else None

@@ -679,9 +679,9 @@ def main(argv: list[str]) -> int:
         d = DaemonProc(tmp / "hundred", *fast)
         try:
             idle = d.rss_mb()
-            sender = Sender(d.ports["otlp_grpc"], rec100)
-            sender.level(20e3, 1.2 * rec100.total / 20e3)
-            sender.close()
+            paced = Sender(d.ports["otlp_grpc"], rec100)
+            paced.level(20e3, 1.2 * rec100.total / 20e3)
+            paced.close()
             time.sleep(3)
             configs = d.total("coeffd_configurations")
             rss = d.rss_mb()
