@@ -318,6 +318,34 @@ class StepStarts:
         differ by a request or a few context tokens, so equal spacing is close, and its
         errors have no sign). The half-width grows with the distance to the pins."""
         limit = _INTERPOLATE_STEPS
+        keys = self.summary_steps
+        if keys is not None and not any(self._refresh_usable()):
+            # only summaries pin (no anchor type calibrated: at vLLM's default sampling,
+            # the first minutes of every engine): the nearest ones are found in their
+            # sorted steps, without a Pin each, and most loop waits end here, a prefill
+            # between (_nearest_summary's walks, inlined; a summary's point() has no
+            # side effect)
+            summaries = self.summaries
+            i = bisect.bisect_right(keys, n - 1) - 1
+            while i >= 0 and keys[i] > n - limit and keys[i] not in summaries:
+                i -= 1
+            if i < 0 or keys[i] <= n - limit:
+                return None
+            lo_step = keys[i]
+            j, stop, k = bisect.bisect_left(keys, n + 1), lo_step + limit, len(keys)
+            while j < k and keys[j] < stop and keys[j] not in summaries:
+                j += 1
+            if j >= k or keys[j] >= stop:
+                return None
+            hi_step = keys[j]
+            if float(summaries[hi_step].start_mono_ns) <= float(summaries[lo_step].start_mono_ns):
+                return None
+            if self._prefill_between(lo_step - a, hi_step - a - 1):
+                return None
+            lo_pin = self.point(lo_step, a)
+            hi_pin = self.point(hi_step, a)
+            assert lo_pin is not None and hi_pin is not None
+            return self._between(n, lo_pin, hi_pin)
         lo = self._nearest(range(n - 1, n - limit, -1), a)
         if lo is None:
             return None
@@ -326,6 +354,11 @@ class StepStarts:
             return None
         if self._prefill_between(lo.step - a, hi.step - a - 1):
             return None  # a prefill between: steps of unequal length
+        return self._between(n, lo, hi)
+
+    @staticmethod
+    def _between(n: int, lo: pinned.Pin, hi: pinned.Pin) -> pinned.Pin:
+        """:meth:`interpolate`'s estimate of ``S(n)`` from the pins around it."""
         frac = (n - lo.step) / (hi.step - lo.step)
         gap = hi.t_ns - lo.t_ns
         half = lo.half_ns + frac * (hi.half_ns - lo.half_ns) + 0.02 * gap / (hi.step - lo.step)
@@ -350,16 +383,25 @@ class StepStarts:
                     out.append(p)
         return out
 
+    def _refresh_usable(self) -> list[bool]:
+        """Which anchor types :meth:`Calibration.usable` (re-asked only until all are:
+        once usable, a type stays usable)."""
+        ok = self._usable
+        if not ok[0] or not ok[1] or not ok[2]:
+            cal, m = self.cal, self.cfg.min_calibration
+            d, c, m4 = cal.deltas, cal.cross, 4 * m  # Calibration.usable, inlined
+            ok[0] = len(d[0]) >= m or len(c[0]) >= m4
+            ok[1] = len(d[1]) >= m or len(c[1]) >= m4
+            ok[2] = len(d[2]) >= m or len(c[2]) >= m4
+        return ok
+
     def _nearest(self, steps: range, a: int) -> pinned.Pin | None:
         """The first of ``steps`` whose start is pinned (:meth:`point`), asking it only of
         the steps a summary or a calibrated anchor type could pin: most have neither."""
         summaries = self.summaries
         # an anchor type not calibrated yet pins no point (point() needs one that is);
         # that stays so until a point is found (only a found one cross-calibrates)
-        ok = self._usable
-        if not ok[0] or not ok[1] or not ok[2]:  # once usable, a type stays usable
-            cal, m = self.cal, self.cfg.min_calibration
-            ok[:] = [cal.usable(typ, m) for typ in range(3)]
+        ok = self._refresh_usable()
         if not any(ok) and self.summary_steps is not None:
             return self._nearest_summary(steps, a)  # only summaries pin: few, and sorted
         sched = self.anchors[SCHED] if ok[SCHED] else {}
