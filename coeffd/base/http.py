@@ -11,6 +11,13 @@ served by an asyncio loop in a background thread. What stays here is what coeffd
 * the TLS handshake runs per connection with a deadline, outside the connection cap: a
   client that never starts it costs a socket until it times out, cannot take a slot a
   probe needs and delays no one's handshake (:mod:`coeffd.base.tlsdoor`);
+* a plain connection that has sent nothing is held as a bare socket (a selector entry,
+  no aiohttp protocol or task) until its first bytes, which aiohttp then reads as sent:
+  it counts for the cap and the request deadline from its accept like any connection
+  waiting for its request, but a flood of silent ones costs the loop an ``accept`` and a
+  selector entry each: loop CPU per silent connection of a burst of 600 was 41-74 us
+  against aiohttp's 130-267 us at a cap of 1024, 92-156 against 190-346 us at 64 (where
+  the cut for each new one, a victim's choice and a close, is most of it);
 * at ``max_connections`` a connection still waiting for its request is cut for the new
   one — the one waiting longest, except during a burst of new silent connections, which
   then loses its own newest (:meth:`HttpServer.victim`); only when every connection is
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import operator
 import socket
 import ssl
 import threading
@@ -41,7 +49,7 @@ import structlog
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from coeffd.base.tlsdoor import TlsDoor
+from coeffd.base.tlsdoor import ACCEPT_BATCH, ACCEPT_PAUSE, TlsDoor
 
 if TYPE_CHECKING:
     from coeffd.base.security import Gate
@@ -191,6 +199,8 @@ class _Protocol(RequestHandler):
         super().__init__(manager, **kwargs)
         self._owner = owner
         self.lane = manager
+        #: when a plain connection held silent was accepted (None: not held)
+        self.accepted: float | None = None
 
     def handle_error(
         self,
@@ -215,27 +225,46 @@ class _Protocol(RequestHandler):
 
 class _Manager(web.Server):
     """aiohttp's low-level server (the protocol factory), plus the connection cap and the
-    request deadline of :class:`HttpServer`."""
+    request deadline of :class:`HttpServer`.
+
+    Plain (non-TLS) connections are accepted here, not by ``loop.create_server``: one
+    that has sent nothing yet is held as a bare socket (a selector entry and a dict
+    entry, no protocol, no task) and handed to aiohttp when its first bytes arrive —
+    which stay in the kernel's buffer, so nothing is lost or reordered. Held sockets
+    count for the cap, are candidates of :meth:`HttpServer.victim` with their accept time
+    and are cut at the same deadline as a connection waiting for its request."""
 
     def __init__(self, owner: HttpServer, **kwargs: Any) -> None:
         super().__init__(owner.dispatch, **kwargs)
         self.owner = owner
         #: connections waiting for (or still reading) a request → since when
         self.waiting: dict[RequestHandler, float] = {}
+        #: silent plain connections not handed to aiohttp yet → accepted at
+        self.held: dict[socket.socket, float] = {}
+        #: connections handed to aiohttp whose ``connection_made`` has not run yet
+        self.handing = 0
 
     def __call__(self) -> RequestHandler:
         return _Protocol(self.owner, self, loop=self._loop, **self._kwargs)
 
     def count(self) -> int:
         """Open connections of this loop."""
-        return len(self._connections)
+        return len(self._connections) + len(self.held) + self.handing
 
-    def waiting_since(self) -> list[tuple[RequestHandler, float]]:
+    def waiting_since(self) -> list[tuple[RequestHandler | socket.socket, float]]:
         """(connection, since) of the connections waiting for a request here (any thread)."""
-        return list(self.waiting.items())  # one C call: atomic under the GIL
+        out: list[tuple[RequestHandler | socket.socket, float]] = []
+        out += self.waiting.items()  # one C call each: atomic under the GIL
+        out += self.held.items()
+        return out
 
-    def cut(self, handler: RequestHandler) -> None:
+    def cut(self, handler: RequestHandler | socket.socket) -> None:
         """Close ``handler``'s connection (from any thread)."""
+        if isinstance(handler, socket.socket):
+            if self.held.pop(handler, None) is None:
+                return
+            self._on_loop(lambda: self._drop(handler))
+            return
         if self.waiting.pop(handler, None) is None:
             return
         transport = self._connections.get(handler)
@@ -245,16 +274,131 @@ class _Manager(web.Server):
             if transport is not None:
                 transport.abort()
 
+        self._on_loop(close)
+
+    def _on_loop(self, fn: Callable[[], None]) -> None:
         try:
             if asyncio.get_running_loop() is self._loop:
-                close()
+                fn()
                 return
         except RuntimeError:
             pass
         with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(close)
+            self._loop.call_soon_threadsafe(fn)
+
+    def _drop(self, sock: socket.socket) -> None:
+        """Close a held socket (on the loop, after it left ``held``)."""
+        with contextlib.suppress(ValueError, OSError):
+            self._loop.remove_reader(sock.fileno())
+        sock.close()
+
+    # ------------------------------------------------------------ plain accepting
+
+    def open(self, listener: socket.socket) -> Callable[[], None]:
+        """Accept plain connections on ``listener`` from this (running) loop; returns
+        what stops it and closes the held sockets."""
+        fd = listener.fileno()
+        self._loop.add_reader(fd, self._accept, listener)
+
+        def close() -> None:
+            with contextlib.suppress(ValueError, OSError):
+                self._loop.remove_reader(fd)
+            listener.close()
+            for sock in list(self.held):
+                if self.held.pop(sock, None) is not None:
+                    self._drop(sock)
+
+        return close
+
+    def _accept(self, listener: socket.socket) -> None:
+        owner = self.owner
+        for _ in range(ACCEPT_BATCH):
+            try:
+                sock, addr = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return  # another loop took it, or the queue is empty
+            except OSError as e:  # EMFILE/ENFILE/ENOBUFS: wait instead of spinning
+                if listener.fileno() == -1:
+                    return
+                log.warning("accept failed; pausing", error=str(e), seconds=ACCEPT_PAUSE)
+                self._loop.remove_reader(listener.fileno())
+                self._loop.call_later(ACCEPT_PAUSE, self._resume, listener)
+                return
+            sock.setblocking(False)
+            peer = str(addr[0]) if isinstance(addr, tuple) and addr else ""
+            cap = owner.max_connections
+            if cap and owner.connections() >= cap:
+                victim = owner.victim()
+                if victim is not None:
+                    victim[0].cut(victim[1])
+                    owner.refused(503, "idle connection cut for a new one", peer)
+                else:
+                    with contextlib.suppress(OSError):
+                        sock.send(
+                            b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n"
+                            b"Content-Length: 0\r\nConnection: close\r\n\r\n"
+                        )
+                    sock.close()
+                    owner.refused(503, "too many connections", peer)
+                    continue
+            self.held[sock] = time.monotonic()
+            self._loop.add_reader(sock.fileno(), self._first_bytes, sock)
+
+    def _resume(self, listener: socket.socket) -> None:
+        if listener.fileno() != -1:  # not closed meanwhile (stopping)
+            self._loop.add_reader(listener.fileno(), self._accept, listener)
+
+    def _first_bytes(self, sock: socket.socket) -> None:
+        held = self.held.pop(sock, None)
+        self._loop.remove_reader(sock.fileno())
+        if held is None:
+            return  # cut meanwhile (its close is queued)
+        try:
+            closed = sock.recv(1, socket.MSG_PEEK) == b""
+        except (BlockingIOError, InterruptedError):  # a spurious wake-up: hold it again
+            self.held[sock] = held
+            self._loop.add_reader(sock.fileno(), self._first_bytes, sock)
+            return
+        except OSError:
+            closed = True
+        if closed:  # gone before its first byte: no aiohttp machinery for it
+            sock.close()
+            return
+        handler = _Protocol(self.owner, self, loop=self._loop, **self._kwargs)
+        handler.accepted = held
+        made: list[bool] = []
+
+        def protocol() -> _Protocol:
+            made.append(True)  # from here asyncio's transport owns (and closes) the socket
+            return handler
+
+        self.handing += 1
+        task = self._loop.create_task(self._loop.connect_accepted_socket(protocol, sock))
+        task.add_done_callback(lambda t: self._handed(t, handler, sock, bool(made)))
+
+    def _handed(
+        self, task: asyncio.Task[Any], handler: _Protocol, sock: socket.socket, made: bool
+    ) -> None:
+        """After a hand-over: if it failed or was cancelled (stopping) before aiohttp
+        took the connection, it is counted no more (and its socket is closed)."""
+        if not task.cancelled():
+            task.exception()  # retrieved: the transport's own failure, nothing to add
+        if handler.accepted is None:
+            return  # connection_made ran
+        if task.cancelled() or task.exception() is not None:
+            handler.accepted = None
+            self.handing = max(0, self.handing - 1)
+            if not made:
+                sock.close()
 
     def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
+        if isinstance(handler, _Protocol) and handler.accepted is not None:
+            # handed over by the plain door: admitted (cap, victim) at its accept
+            since, handler.accepted = handler.accepted, None
+            self.handing = max(0, self.handing - 1)
+            super().connection_made(handler, transport)
+            self.waiting[handler] = since
+            return
         cap = self.owner.max_connections
         if cap and self.owner.connections() >= cap:
             victim = self.owner.victim()
@@ -286,6 +430,12 @@ class _Manager(web.Server):
                 transport = self._connections.get(handler)
                 if transport is not None:
                     transport.abort()
+        for sock, since in list(self.held.items()):
+            if since < deadline and self.held.pop(sock, None) is not None:
+                self._drop(sock)
+
+
+_since = operator.itemgetter(1)
 
 
 def _peer(transport: asyncio.BaseTransport) -> str:
@@ -410,7 +560,7 @@ class HttpServer:
             lane.thread.start()
             started.wait(10.0)
 
-    def victim(self) -> tuple[_Manager, RequestHandler] | None:
+    def victim(self) -> tuple[_Manager, RequestHandler | socket.socket] | None:
         """The connection the cap cuts for a new one, over every loop: the one waiting
         longest for its request, unless a burst is on — at least ``BURST`` connections
         that arrived less than ``cut_grace`` ago are waiting, none has waited longer — then
@@ -427,23 +577,32 @@ class HttpServer:
         an attacker connecting between a client's connect and its request's first bytes
         (a window of a round trip, or of the client's own scheduling) cuts it — as a
         burst of ``max_connections`` in that window did before."""
+        # The burst's choice applies only when every waiting connection is young (the
+        # oldest is), so the young ones are all of them and their newest is the newest:
+        # min() and max() per loop, in C, instead of a Python loop per connection (this
+        # runs for each connection accepted over the cap, up to one per connection of a
+        # flood).
         young = time.monotonic() - self.cut_grace
-        oldest: tuple[float, _Manager, RequestHandler] | None = None
-        newest: tuple[float, _Manager, RequestHandler] | None = None
-        fresh = 0
+        oldest: tuple[float, _Manager, RequestHandler | socket.socket] | None = None
+        newest: tuple[float, _Manager, RequestHandler | socket.socket] | None = None
+        total = 0
         for lane in self._lanes:
-            if lane.manager is None:
+            manager = lane.manager
+            if manager is None:
                 continue
-            for handler, since in lane.manager.waiting_since():
-                if oldest is None or since < oldest[0]:
-                    oldest = (since, lane.manager, handler)
-                if since >= young:
-                    fresh += 1
-                    if newest is None or since > newest[0]:
-                        newest = (since, lane.manager, handler)
-        if oldest is None:
+            waiting = manager.waiting_since()
+            if not waiting:
+                continue
+            total += len(waiting)
+            lo = min(waiting, key=_since)
+            hi = max(waiting, key=_since)
+            if oldest is None or lo[1] < oldest[0]:
+                oldest = (lo[1], manager, lo[0])
+            if newest is None or hi[1] > newest[0]:
+                newest = (hi[1], manager, hi[0])
+        if oldest is None or newest is None:
             return None
-        pick = newest if newest is not None and oldest[0] >= young and fresh >= BURST else oldest
+        pick = newest if oldest[0] >= young and total >= BURST else oldest
         return pick[1], pick[2]
 
     def connections(self) -> int:
@@ -489,8 +648,8 @@ class HttpServer:
         if self._door is not None:
             lane.close = self._door.open(self._sock.dup(), manager)
         else:
-            server = await loop.create_server(manager, sock=self._sock.dup(), backlog=1024)
-            lane.close = server.close
+            # silent connections are held as bare sockets until their first bytes
+            lane.close = manager.open(self._sock.dup())
         lane.reaper = loop.create_task(self._reaper(manager))
 
     async def _reaper(self, manager: _Manager) -> None:

@@ -1,0 +1,181 @@
+"""Plain connections that have sent nothing are held as bare sockets, not handed to
+aiohttp, until their first bytes (issue 32): a flood of silent connections then costs the
+loop an ``accept`` and a selector entry each, not a protocol object and a task.
+
+Everything else stays as it was: their bytes reach aiohttp whole and in order, they count
+for the connection cap, are cut by it and by the request deadline, and a busy cap answers
+503."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from coeffd.base.http import HttpServer, Request, Response, Router, _Manager
+
+
+def _router(release: threading.Event | None = None) -> Router:
+    router = Router()
+    router.add_route("GET", "/healthz", lambda _req: Response.text(200, "ok"))
+
+    def echo(req: Request) -> Response:
+        return Response(200, req.body, content_type="application/octet-stream")
+
+    def slow(_req: Request) -> Response:
+        assert release is not None
+        release.wait(30)
+        return Response.text(200, "done")
+
+    router.add_route("POST", "/echo", echo)
+    router.add_route("GET", "/slow", slow)
+    return router
+
+
+@pytest.fixture
+def server(request: pytest.FixtureRequest) -> Iterator[HttpServer]:
+    kwargs = getattr(request, "param", {})
+    s = HttpServer("127.0.0.1", 0, _router(kwargs.pop("release", None)), **kwargs)
+    s.start()
+    yield s
+    s.stop()
+
+
+def _manager(server: HttpServer) -> _Manager:
+    manager = server._lanes[0].manager
+    assert manager is not None
+    return manager
+
+
+def _connect(server: HttpServer) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=30)
+
+
+def _until(cond: Callable[[], object], what: str) -> None:
+    """Until ``cond()`` (a 30 s safety net, not a timing assertion)."""
+    for _ in range(3000):
+        if cond():
+            return
+        time.sleep(0.01)
+    raise AssertionError(what)
+
+
+def _read_all(s: socket.socket) -> bytes:
+    out = b""
+    while True:
+        piece = s.recv(65536)
+        if not piece:
+            return out
+        out += piece
+
+
+def test_a_silent_plain_connection_is_held_not_handed_to_aiohttp(server: HttpServer) -> None:
+    manager = _manager(server)
+    with _connect(server), _connect(server):
+        _until(lambda: len(manager.held) == 2, "the server took the connections")
+        assert not manager._connections  # no RequestHandler, no task
+        assert not manager.waiting
+        assert server.connections() == 2  # they count for the cap all the same
+
+
+def test_a_request_after_a_held_period_is_served_byte_exact(server: HttpServer) -> None:
+    manager = _manager(server)
+    payload = bytes(range(256)) * 64 + b"\r\n\r\nGET / HTTP/1.1\r\n\r\n"
+    first = (
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+        + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+        + payload
+    )
+    second = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    with _connect(server) as s:
+        _until(lambda: len(manager.held) == 1, "the server took the connection")
+        time.sleep(0.3)  # held
+        s.sendall(first[:1])  # the first byte alone wakes the door
+        _until(lambda: not manager.held, "the connection was handed over")
+        time.sleep(0.05)
+        s.sendall(first[1:] + second)  # the rest, and a pipelined request
+        answer = _read_all(s)
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), answer[:60]
+    assert f"Content-Length: {len(payload)}".encode() in head
+    assert rest[: len(payload)] == payload
+    assert rest[len(payload) :].startswith(b"HTTP/1.1 200")
+    assert rest.endswith(b"ok\n")
+
+
+@pytest.mark.parametrize("server", [{"idle_timeout": 0.5}], indirect=True)
+def test_the_deadline_cuts_a_held_connection(server: HttpServer) -> None:
+    manager = _manager(server)
+    with _connect(server) as s:
+        _until(lambda: len(manager.held) == 1, "the server took the connection")
+        started = time.monotonic()
+        with contextlib.suppress(ConnectionResetError):
+            assert s.recv(1) == b""
+        assert time.monotonic() - started >= 0.3
+        _until(lambda: not manager.held and server.connections() == 0, "the socket was dropped")
+
+
+def test_a_connection_gone_before_its_first_byte_costs_no_handler(server: HttpServer) -> None:
+    manager = _manager(server)
+    s = _connect(server)
+    _until(lambda: len(manager.held) == 1, "the server took the connection")
+    s.close()
+    _until(lambda: not manager.held, "the closed connection was dropped")
+    time.sleep(0.1)
+    assert not manager._connections and server.connections() == 0
+
+
+def test_the_cap_cuts_a_held_connection_and_counts_it() -> None:
+    refused: list[tuple[int, str]] = []
+    s = HttpServer(
+        "127.0.0.1",
+        0,
+        _router(),
+        max_connections=2,
+        on_refused=lambda status, reason, _client: refused.append((status, reason)),
+    )
+    s.start()
+    manager = _manager(s)
+    try:
+        with _connect(s) as first, _connect(s) as second:
+            _until(lambda: len(manager.held) == 2, "the server took the connections")
+            with _connect(s) as third:
+                assert first.recv(1) == b""  # the longest-waiting one
+                third.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                assert _read_all(third).startswith(b"HTTP/1.1 200")
+            second.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                second.recv(1, socket.MSG_PEEK)  # still open, still held
+        assert refused == [(503, "idle connection cut for a new one")]
+    finally:
+        s.stop()
+
+
+def test_a_cap_of_busy_connections_answers_503() -> None:
+    release = threading.Event()
+    refused: list[tuple[int, str]] = []
+    s = HttpServer(
+        "127.0.0.1",
+        0,
+        _router(release),
+        max_connections=1,
+        on_refused=lambda status, reason, _client: refused.append((status, reason)),
+    )
+    s.start()
+    manager = _manager(s)
+    try:
+        with _connect(s) as busy:
+            busy.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            _until(lambda: manager._connections and not manager.waiting, "the handler runs")
+            with _connect(s) as late:
+                assert _read_all(late).startswith(b"HTTP/1.1 503")
+            release.set()
+            assert _read_all(busy).startswith(b"HTTP/1.1 200")
+        assert refused == [(503, "too many connections")]
+    finally:
+        release.set()
+        s.stop()
