@@ -328,11 +328,11 @@ class _Manager(web.Server):
             peer = str(addr[0]) if isinstance(addr, tuple) and addr else ""
             cap = owner.max_connections
             if cap and owner.connections() >= cap:
-                victim = owner.victim()
+                victim = self._victim()
                 if victim is not None:
                     victim[0].cut(victim[1])
                     owner.refused(503, "idle connection cut for a new one", peer)
-                else:
+                elif owner.connections() >= cap:
                     with contextlib.suppress(OSError):
                         sock.send(
                             b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n"
@@ -343,6 +343,29 @@ class _Manager(web.Server):
                     continue
             self.held[sock] = time.monotonic()
             self._loop.add_reader(sock.fileno(), self._first_bytes, sock)
+
+    def _victim(self) -> tuple[_Manager, RequestHandler | socket.socket] | None:
+        """:meth:`HttpServer.victim`, but a held socket of this loop whose bytes have
+        arrived (not read yet: the accepts of a burst run before its reader callback) is
+        not silent: it is handed to aiohttp now and the choice made again. A probe that
+        connected amid a flood and sent its request at once is thus not "the burst's
+        newest". None: nothing to cut (or a held one turned out closed, freeing a slot)."""
+        while True:
+            victim = self.owner.victim()
+            if victim is None or victim[0] is not self:
+                return victim
+            sock = victim[1]
+            if not isinstance(sock, socket.socket):
+                return victim
+            try:
+                sock.recv(1, socket.MSG_PEEK)  # bytes, or b"": closed
+            except (BlockingIOError, InterruptedError):
+                return victim  # silent
+            except OSError:
+                return victim
+            self._first_bytes(sock)  # hands it over (or drops it if closed)
+            if self.owner.connections() < (self.owner.max_connections or 0):
+                return None
 
     def _resume(self, listener: socket.socket) -> None:
         if listener.fileno() != -1:  # not closed meanwhile (stopping)

@@ -179,3 +179,38 @@ def test_a_cap_of_busy_connections_answers_503() -> None:
     finally:
         release.set()
         s.stop()
+
+
+def test_a_client_that_sent_its_request_amid_a_burst_is_not_its_newest() -> None:
+    """The accepts of a burst run before any held socket's reader: a probe that
+    connected amid it and sent its request at once is still held when the next silent
+    connection passes the cap. Its bytes are there, so it is not silent: it is handed to
+    aiohttp, and the burst's newest silent one is cut instead."""
+    cap = 16
+    s = HttpServer("127.0.0.1", 0, _router(), max_connections=cap, cut_grace=600.0)
+    s.start()
+    loop = s._lanes[0].loop
+    assert loop is not None
+    socks: list[socket.socket] = []
+    try:
+        paused = threading.Event()
+
+        def pause() -> None:
+            paused.set()
+            time.sleep(1.0)  # the connects below wait in the backlog meanwhile
+
+        loop.call_soon_threadsafe(pause)
+        assert paused.wait(30)
+        socks += [_connect(s) for _ in range(cap)]  # silent, the cap's worth
+        probe = _connect(s)
+        probe.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        socks += [_connect(s) for _ in range(4)]  # more silent ones after it
+        answer = b""
+        with contextlib.suppress(ConnectionResetError):
+            answer = _read_all(probe)
+        probe.close()
+        assert answer.startswith(b"HTTP/1.1 200"), "the probe was cut"
+    finally:
+        for c in socks:
+            c.close()
+        s.stop()
