@@ -767,6 +767,8 @@ class Joiner:
         silent_lag = self._window_ns - self._lateness_ns
         stale = self._max_wall - 2 * self._window_ns
         wait_wm = self._wait_wm
+        window = self._window_ns  # every engine's window_ns (the same config)
+        max_steps, max_anchor_steps = self.cfg.max_steps, self.cfg.max_anchor_steps
         # Every engine is visited on every sweep (5 a second and each tick), most with
         # nothing due: each step below is asked first by a comparison inline (what is due
         # is at the head of its queue), so an idle visit costs no calls. At 1,000 engines
@@ -785,19 +787,35 @@ class Joiner:
             if (pend and pend[0][0] <= wm) or (late and late[0][0] <= wm):
                 for n in eng.due(wm):
                     self._finalize_step(eng, n)
-            if eng.loop_waits.due_by(wm):
+            lw = eng.loop_waits  # lw.due_by(wm), inlined
+            fifo, lwl = lw._fifo, lw._late
+            if (fifo and fifo[0].deadline_wall <= wm) or (lwl and lwl[0][0] <= wm):
                 for item in eng.due_loop_waits(wm):
                     self._emit_loop_wait(eng, item)
-            eng.expire(wm)
+            # eng.expire(wm) only when something left the window (its first test)
+            tl, limit = eng.timeline, wm - window
+            te = eng._tail_end
+            if (tl[0][0] < limit) if tl else (te and te < limit):
+                eng.expire(wm)
             wait_wm[sid] = wm
             # replay (no receiver clock): an engine two windows behind the fleet's data
             # is gone; live, its own clock finishes it (the fleet's would make a backlog
             # of one engine behind the others stale), and what it learned of itself
             # (anchor calibration, loop mode) is kept for max_lateness_s, for the backlog
-            # an idle engine may still send
-            if eng.silent(wm + silent_lag) if live else eng.silent(wm) or eng.touched < stale:
+            # an idle engine may still send (silent()'s first test inline: most are not)
+            t = eng.touched
+            if (
+                (t < limit + silent_lag and eng.silent(wm + silent_lag))
+                if live
+                else (t < limit and eng.silent(wm)) or t < stale
+            ):
                 gone.append(sid)
-            if eng.over_caps():
+            an = eng.anchors  # eng.over_caps(), inlined
+            if (
+                len(eng.summaries) > max_steps
+                or len(an[0]) + len(an[1]) + len(an[2]) > max_anchor_steps
+                or len(eng.snapshots) > max_steps
+            ):
                 for _ in eng.enforce_caps():
                     self.metrics.outcome("step", "expired", "capacity")
         heap = self._req_heap
