@@ -241,7 +241,8 @@ class _Manager(web.Server):
         self.waiting: dict[RequestHandler, float] = {}
         #: silent plain connections not handed to aiohttp yet → accepted at
         self.held: dict[socket.socket, float] = {}
-        #: connections handed to aiohttp whose ``connection_made`` has not run yet
+        #: connections handed to aiohttp whose ``connection_made`` has not run yet, and
+        #: the one being accepted (its slot reserved while the cap decides)
         self.handing = 0
 
     def __call__(self) -> RequestHandler:
@@ -258,15 +259,16 @@ class _Manager(web.Server):
         out += self.held.items()
         return out
 
-    def cut(self, handler: RequestHandler | socket.socket) -> None:
-        """Close ``handler``'s connection (from any thread)."""
+    def cut(self, handler: RequestHandler | socket.socket) -> bool:
+        """Close ``handler``'s connection (from any thread); False if it no longer waits
+        (another loop's accept cut it first, or its request arrived)."""
         if isinstance(handler, socket.socket):
             if self.held.pop(handler, None) is None:
-                return
+                return False
             self._on_loop(lambda: self._drop(handler))
-            return
+            return True
         if self.waiting.pop(handler, None) is None:
-            return
+            return False
         transport = self._connections.get(handler)
 
         def close() -> None:
@@ -275,6 +277,7 @@ class _Manager(web.Server):
                 transport.abort()
 
         self._on_loop(close)
+        return True
 
     def _on_loop(self, fn: Callable[[], None]) -> None:
         try:
@@ -327,12 +330,18 @@ class _Manager(web.Server):
             sock.setblocking(False)
             peer = str(addr[0]) if isinstance(addr, tuple) and addr else ""
             cap = owner.max_connections
-            if cap and owner.connections() >= cap:
-                victim = self._victim()
+            # The new connection's slot is reserved first (counted, not a candidate), so
+            # that another loop accepting meanwhile sees it taken: a slot freed by our
+            # cut is not also given to that loop's newcomer.
+            self.handing += 1
+            if cap and owner.connections() > cap:
+                victim = self._victim(cap)
+                while victim is not None and not victim[0].cut(victim[1]):
+                    victim = self._victim(cap)  # taken meanwhile by another loop
                 if victim is not None:
-                    victim[0].cut(victim[1])
                     owner.refused(503, "idle connection cut for a new one", peer)
-                elif owner.connections() >= cap:
+                elif owner.connections() > cap:
+                    self.handing -= 1
                     with contextlib.suppress(OSError):
                         sock.send(
                             b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n"
@@ -342,9 +351,10 @@ class _Manager(web.Server):
                     owner.refused(503, "too many connections", peer)
                     continue
             self.held[sock] = time.monotonic()
+            self.handing -= 1  # after: the slot is never seen free in between
             self._loop.add_reader(sock.fileno(), self._first_bytes, sock)
 
-    def _victim(self) -> tuple[_Manager, RequestHandler | socket.socket] | None:
+    def _victim(self, cap: int) -> tuple[_Manager, RequestHandler | socket.socket] | None:
         """:meth:`HttpServer.victim`, but a held socket of this loop whose bytes have
         arrived (not read yet: the accepts of a burst run before its reader callback) is
         not silent: it is handed to aiohttp now and the choice made again. A probe that
@@ -364,7 +374,7 @@ class _Manager(web.Server):
             except OSError:
                 return victim
             self._first_bytes(sock)  # hands it over (or drops it if closed)
-            if self.owner.connections() < (self.owner.max_connections or 0):
+            if self.owner.connections() <= cap:  # (ours counted) it was closed: room
                 return None
 
     def _resume(self, listener: socket.socket) -> None:

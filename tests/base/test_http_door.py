@@ -214,3 +214,40 @@ def test_a_client_that_sent_its_request_amid_a_burst_is_not_its_newest() -> None
         for c in socks:
             c.close()
         s.stop()
+
+
+def test_held_connections_over_several_loops_share_one_cap() -> None:
+    """With two loops a silent connection held by one is cut by the other's accept (on
+    its own loop), the cap holds over both, and a request is still served."""
+    cap = 8
+    s = HttpServer("127.0.0.1", 0, _router(), max_connections=cap, loops=2, cut_grace=600.0)
+    s.start()
+    managers = [lane.manager for lane in s._lanes]
+    socks: list[socket.socket] = []
+    try:
+        socks += [_connect(s) for _ in range(5 * cap)]
+        _until(lambda: s.connections() <= cap + 1, "the cap held")  # one per loop in flight
+        time.sleep(0.2)
+        assert s.connections() <= cap
+        assert all(m is not None and not m._connections for m in managers)  # all held
+        open_ = [c for c in socks if not _closed(c)]
+        assert len(open_) == s.connections()
+        with _connect(s) as probe:
+            probe.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert _read_all(probe).startswith(b"HTTP/1.1 200")
+    finally:
+        for c in socks:
+            c.close()
+        s.stop()
+
+
+def _closed(s: socket.socket) -> bool:
+    s.setblocking(False)
+    try:
+        return s.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+    finally:
+        s.setblocking(True)
