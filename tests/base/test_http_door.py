@@ -251,3 +251,20 @@ def _closed(s: socket.socket) -> bool:
         return True
     finally:
         s.setblocking(True)
+
+
+@pytest.mark.parametrize("server", [{"idle_timeout": 1.5}], indirect=True)
+def test_a_handed_over_connection_keeps_the_deadline_of_its_accept(server: HttpServer) -> None:
+    """Held, then the start of a request that never ends: the request deadline still
+    runs from the accept, as it did when aiohttp took every connection at once."""
+    manager = _manager(server)
+    with _connect(server) as s:
+        _until(lambda: len(manager.held) == 1, "the server took the connection")
+        started = time.monotonic()
+        time.sleep(0.8)
+        s.sendall(b"GET /healthz HTTP/1.1\r\n")  # never finished
+        _until(lambda: not manager.held, "the connection was handed over")
+        with contextlib.suppress(ConnectionResetError):
+            assert s.recv(1) == b""
+        # cut near 1.5 s after the accept; from the hand-over it would be 2.3 s or more
+        assert time.monotonic() - started < 2.2
