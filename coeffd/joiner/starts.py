@@ -256,6 +256,8 @@ class StepStarts:
         if not (an[SCHED].get(n) or an[QUEUED].get(n - 1) or an[COMPL].get(n - 1 - a)):
             return None  # most steps: nothing pins them (checked first: loop waits and
             # journey spans ask this of every step of their ranges)
+        if not any(self._refresh_usable()):
+            return None  # no type calibrated yet (the test below, before its list)
         present = self._pinning(n, a)
         cal, m = self.cal, self.cfg.min_calibration
         if not any(cal.usable(typ, m) for typ, _ in present):
@@ -376,6 +378,15 @@ class StepStarts:
             cands = keys[
                 bisect.bisect_left(keys, steps.start) : bisect.bisect_left(keys, steps.stop)
             ]
+        if not any(self._refresh_usable()):
+            # no anchor type calibrated: only summaries pin (point() of any other step is
+            # None, without side effects)
+            for m in cands:
+                if m in summaries:
+                    p = self.point(m, a)
+                    if p is not None:
+                        out.append(p)
+            return out
         for m in cands:
             if m in summaries or sched.get(m) or queued.get(m - 1) or compl.get(m - 1 - a):
                 p = self.point(m, a)
