@@ -344,11 +344,14 @@ class EngineState:
 
     # ------------------------------------------------------------ queue state
 
-    def queue_state(self, queued_step: int) -> tuple[QueueState | None, bool]:
+    def queue_state(
+        self, queued_step: int, final_only: bool = False
+    ) -> tuple[QueueState | None, bool]:
         """Nearest summary to a QUEUED step, and whether that answer is final.
 
         Final means no nearer summary can still arrive: distance 0, or the step spans
-        covering ``[q - d, q + d]`` have all been delivered.
+        covering ``[q - d, q + d]`` have all been delivered. ``final_only``: an answer
+        that is not final is (None, False), without building it (the caller waits).
         """
         if self.ambiguous:
             return None, True
@@ -373,6 +376,8 @@ class EngineState:
             return None, final
         d = abs(best - queued_step)
         final = d == 0 or self.covers(queued_step - d, queued_step + d)
+        if final_only and not final:
+            return None, False
         s = self.summaries[best]
         qs = QueueState(
             step=best,

@@ -570,7 +570,7 @@ class Joiner:
                 continue
             qs, final = (None, True)
             if core.queued is not None:
-                qs, final = eng.queue_state(core.queued.step)
+                qs, final = eng.queue_state(core.queued.step, True)
             if not final:
                 self._wait_for_coverage(eng.source.id, core.queued.step, entry.key)  # type: ignore[union-attr]
                 continue
