@@ -37,6 +37,8 @@ from coeffd.records.observations import (
 from coeffd.simfleet.config import SampleRates
 from coeffd.simfleet.scenarios import build
 
+pytestmark = pytest.mark.slow  # run first: see tests/conftest.py
+
 FULL = SampleRates(journey=1.0, step=1.0, rich=0.2, closure_interval=100)
 FULL_NO_RICH = SampleRates(journey=1.0, step=1.0, rich=0.0, closure_interval=100)
 DEFAULT = SampleRates()  # vLLM defaults: 1.0 / 0.01 / 0.001 / 100

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import msgspec
 import numpy as np
+import pytest
 
 from coeffd.learners.features.config import ServingConfig
 from coeffd.learners.registry import LearnerRegistry
 from coeffd.records.observations import Composition, StepObservation
 from coeffd.simfleet import SampleRates
 from tests.support.simfleet_obs import simfleet_observations
+
+pytestmark = pytest.mark.slow  # run first: see tests/conftest.py
 
 
 def _steps() -> list[StepObservation]:

@@ -18,6 +18,8 @@ from coeffd.daemon.commands.replay import run_replay
 from coeffd.daemon.pipeline import CountingConsumer
 from coeffd.receivers.otlp.jsonbody import parse_json_request
 
+pytestmark = pytest.mark.slow  # run first: see tests/conftest.py
+
 LINES = EXAMPLE.read_bytes().splitlines()
 
 

@@ -6,10 +6,13 @@ import math
 import statistics
 from dataclasses import replace
 
+import pytest
 from simfleet_support import Captured, run_to_bytes
 
 from coeffd.learners.features import MODELS, BlisBasis, load_hardware
 from coeffd.records.observations import BatchRequest
+
+pytestmark = pytest.mark.slow  # run first: see tests/conftest.py
 
 
 def _attrs(ev):
