@@ -276,31 +276,14 @@ class Evaluator:
             out[source] = abs(err) / abs(y) if y != 0 else (0.0 if err == 0 else math.inf)
         return out
 
-    def add(self, config: str, target: str, y: float, predictions: Mapping[str, float]) -> None:
-        """:meth:`record` of a row without a regime, returning nothing (a finished
-        request's targets: one call per target, so the loop is kept short)."""
-        if not math.isfinite(y):
-            return
-        pending = self._pending
-        for source, yhat in predictions.items():
-            if yhat is None or not math.isfinite(yhat):
-                continue
-            key = (config, target, source, "all")
-            rows = pending.get(key)
-            if rows is None:
-                rows = pending[key] = ([], [])
-            rows[0].append(y)
-            rows[1].append(yhat)
-            if len(rows[0]) >= self.window:  # bounded while nothing reads
-                self._flush()
-                pending = self._pending
-
     def add_scored(
         self, config: str, target: str, y: float, learned: float, default: float | None
     ) -> None:
-        """:meth:`add` of the predictions ``{"learned": learned, "blis_default": default}``
-        (``default`` None: the learned one alone) without the dict: a finished request's
-        scores (:class:`~learners.estimates.RequestScores`)."""
+        """:meth:`record` of a row without a regime, returning nothing, for the
+        predictions ``learned`` and ``default`` (sources ``"learned"`` and
+        ``"blis_default"``; ``default`` None: the learned one alone): a finished request's
+        scores (:class:`~learners.estimates.RequestScores`), one call per target, so no
+        dict is built and the loop is kept short."""
         if not math.isfinite(y):
             return
         pending = self._pending

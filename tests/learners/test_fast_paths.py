@@ -245,13 +245,16 @@ def test_a_burst_of_requests_learns_as_one_by_one() -> None:
     }
 
 
-def test_evaluator_add_is_record_without_a_regime() -> None:
+def test_evaluator_add_scored_is_record_without_a_regime() -> None:
     from coeffd.learners.evaluation import Evaluator
 
     rng = np.random.default_rng(6)
     a, b = Evaluator(window=40), Evaluator(window=40)
     for y in [*rng.uniform(0.0, 10.0, 300).tolist(), float("nan")]:
-        preds = {"learned": y * 1.1, "blis_default": 2.0, "none": float("nan")}
-        a.add("c", "t", y, preds)
-        b.record("c", "t", y, preds)
-    assert a.summary("c", "t") == b.summary("c", "t") and a.targets("c") == ["t"]
+        a.add_scored("c", "t", y, y * 1.1, 2.0)
+        b.record("c", "t", y, {"learned": y * 1.1, "blis_default": 2.0})
+        # no default (queue wait), and a non-finite prediction: skipped alike
+        a.add_scored("c", "w", y, float("nan") if y > 9.0 else y * 0.9, None)
+        b.record("c", "w", y, {"learned": float("nan") if y > 9.0 else y * 0.9})
+    assert a.summary("c", "t") == b.summary("c", "t") and a.targets("c") == ["t", "w"]
+    assert a.summary("c", "w") == b.summary("c", "w")
