@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from coeffd.base.http import BURST, HttpServer, Response, Router
+from tests.support.sockets import peek_closed
 
 CAP = 16
 
@@ -78,7 +79,7 @@ def test_a_burst_of_silent_connections_does_not_cut_the_client_just_before_it(
         # its first members and its last are kept
         burst = held[1:]
         assert all(_closed_by_server(s) for s in burst[CAP - 2 : -1])
-        assert not any(_peek_closed(s) for s in (*burst[: CAP - 2], burst[-1]))
+        assert not any(peek_closed(s) for s in (*burst[: CAP - 2], burst[-1]))
     finally:
         server.stop()
 
@@ -102,7 +103,7 @@ def test_connections_past_the_grace_are_cut_first_oldest_first(
         held.append(newcomer)
         assert _closed_by_server(old[0])  # the oldest
         assert _healthz(newcomer).startswith(b"HTTP/1.1 200")
-        assert not _peek_closed(old[1]) and not any(_peek_closed(s) for s in burst)
+        assert not peek_closed(old[1]) and not any(peek_closed(s) for s in burst)
     finally:
         server.stop()
 
@@ -124,20 +125,6 @@ def test_a_few_young_connections_are_no_burst(held: list[socket.socket]) -> None
         held.append(third)
         assert _closed_by_server(first)
         assert _healthz(third).startswith(b"HTTP/1.1 200")
-        assert not _peek_closed(second)
+        assert not peek_closed(second)
     finally:
         server.stop()
-
-
-def _peek_closed(s: socket.socket) -> bool:
-    """Whether the server closed ``s`` (without waiting: a held connection that is still
-    open has nothing to read)."""
-    s.setblocking(False)
-    try:
-        return s.recv(1, socket.MSG_PEEK) == b""
-    except BlockingIOError:
-        return False
-    except ConnectionResetError:
-        return True
-    finally:
-        s.setblocking(True)

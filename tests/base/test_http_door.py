@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from coeffd.base.http import HttpServer, Request, Response, Router, _Manager
+from tests.support.sockets import peek_closed
 
 
 def _router(release: threading.Event | None = None) -> Router:
@@ -230,7 +231,7 @@ def test_held_connections_over_several_loops_share_one_cap() -> None:
         time.sleep(0.2)
         assert s.connections() <= cap
         assert all(m is not None and not m._connections for m in managers)  # all held
-        open_ = [c for c in socks if not _closed(c)]
+        open_ = [c for c in socks if not peek_closed(c)]
         assert len(open_) == s.connections()
         with _connect(s) as probe:
             probe.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
@@ -239,18 +240,6 @@ def test_held_connections_over_several_loops_share_one_cap() -> None:
         for c in socks:
             c.close()
         s.stop()
-
-
-def _closed(s: socket.socket) -> bool:
-    s.setblocking(False)
-    try:
-        return s.recv(1, socket.MSG_PEEK) == b""
-    except BlockingIOError:
-        return False
-    except ConnectionResetError:
-        return True
-    finally:
-        s.setblocking(True)
 
 
 @pytest.mark.parametrize("server", [{"idle_timeout": 1.5}], indirect=True)
