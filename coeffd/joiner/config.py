@@ -140,6 +140,15 @@ class JoinerConfig(BaseModel):
         ge=1,
         description="Coincidences needed before observed anchor offsets replace priors.",
     )
+    loop_wait_min_calibration: int = Field(
+        default=4,
+        ge=1,
+        description="Coincidences an anchor type needs before its mean offset places the "
+        "schedule start a request's loop wait is measured from (bounds stay the priors' "
+        "until min_calibration). At vLLM's 1 % step sampling min_calibration takes ~2 "
+        "minutes of a MoE engine, and until then no request's loop wait is known, so α0 "
+        "learns nothing; the wait needs the start to ±1 ms, not the bounds' precision.",
+    )
     calibration_margin_us: float = Field(
         default=10.0, ge=0, description="Added on each side of the observed anchor-offset range."
     )

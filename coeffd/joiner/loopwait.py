@@ -125,12 +125,22 @@ def loop_wait(
         return None, "mode_unknown"
     a = 1 if mode else 0
     p = starts.point(q, a) or starts.interpolate(q, a)
+    cfg = starts.cfg
+    m = cfg.loop_wait_min_calibration
+    if p is None and m < cfg.min_calibration and starts.answers_differ(m):
+        # the anchor types are not calibrated yet (at 1 % step sampling that takes
+        # minutes, and every α0 row until then is lost): a wait needs the start to
+        # loop_wait_max_uncertainty_us, within the priors' bounds, not calibrated bounds.
+        # Asked only when the default found nothing and fewer coincidences could answer
+        # otherwise; it cross-calibrates nothing, so step observations stay the same.
+        p = starts.point(q, a, m) or starts.interpolate(q, a, m)
     if p is None:
         return None, "unpinned"
-    cfg = starts.cfg
     if p.half_ns > cfg.loop_wait_max_uncertainty_us * 1e3:
         return None, "uncertain"
     dq = starts.cal.mean_var(QUEUED, cfg.min_calibration)
+    if dq is None and m < cfg.min_calibration:
+        dq = starts.cal.mean_var(QUEUED, m)
     if dq is None:
         return None, "uncalibrated"
     span = queued_mono_ns - (p.t_ns - dq[0])

@@ -240,7 +240,7 @@ class StepStarts:
         present = self._pinning(n, a)
         return self._intersect(present), frozenset(typ for typ, _ in present)
 
-    def point(self, n: int, a: int) -> pinned.Pin | None:
+    def point(self, n: int, a: int, min_samples: int | None = None) -> pinned.Pin | None:
         """Point estimate of ``S(n)`` (exact from a summary, else the calibrated mean
         offsets of its anchors, weighted by their spread) and the half-width of its
         bounds; None when no calibrated anchor pins it or the anchors disagree.
@@ -248,6 +248,13 @@ class StepStarts:
         Means rather than the middle of the bounds: an anchor's offset sits near one end
         of its range (SCHEDULED just after ``S``), and a period is the difference of two
         starts pinned by different anchor types, so midpoints would bias it.
+
+        ``min_samples``: coincidences an anchor type needs before its mean offset places
+        the point (default ``min_calibration``, which also decides when observed offsets
+        replace the priors' bounds); a loop wait asks with fewer
+        (``JoinerConfig.loop_wait_min_calibration``) when the default finds none. Such a
+        point is an answer only: it cross-calibrates nothing, so the steps' pins and
+        calibration stay what they were.
         """
         s = self.summaries.get(n)
         if s is not None:
@@ -256,27 +263,35 @@ class StepStarts:
         if not (an[SCHED].get(n) or an[QUEUED].get(n - 1) or an[COMPL].get(n - 1 - a)):
             return None  # most steps: nothing pins them (checked first: loop waits and
             # journey spans ask this of every step of their ranges)
-        if not any(self._refresh_usable()):
-            return None  # no type calibrated yet (the test below, before its list)
+        if min_samples is None:
+            if not any(self._refresh_usable()):
+                return None  # no type calibrated yet (the test below, before its list)
+            m = self.cfg.min_calibration
+        else:
+            m = min_samples
         present = self._pinning(n, a)
-        cal, m = self.cal, self.cfg.min_calibration
+        cal = self.cal
         if not any(cal.usable(typ, m) for typ, _ in present):
             return None  # no estimate from uncalibrated types (nor bounds needed for it)
         bounds = self._intersect(present)
         if bounds is None or bounds[0] > bounds[1]:
             return None
-        est = self._weighted(present, bounds, exact_only=False)
+        est = self._weighted(present, bounds, False, m)
         if est is None:
             return None
-        self._cross_calibrate(n, present, bounds)
+        if min_samples is None:
+            self._cross_calibrate(n, present, bounds)
         return pinned.Pin(n, est, (bounds[1] - bounds[0]) / 2.0)
 
     def _weighted(
-        self, present: list[tuple[int, tuple[int, ...]]], bounds: iv.Interval, exact_only: bool
+        self,
+        present: list[tuple[int, tuple[int, ...]]],
+        bounds: iv.Interval,
+        exact_only: bool,
+        m: int,
     ) -> float | None:
         num: list[float] = []
         den: list[float] = []
-        m = self.cfg.min_calibration
         for typ, ts in present:
             if exact_only and not self.cal.is_exact(typ, m):
                 continue
@@ -303,7 +318,7 @@ class StepStarts:
         todo = [(typ, ts) for typ, ts in present if not self.cal.is_exact(typ, m)]
         if not todo or len(todo) == len(present):
             return
-        ref = self._weighted(present, bounds, exact_only=True)
+        ref = self._weighted(present, bounds, True, m)
         if ref is None:
             return
         for typ, ts in todo:
@@ -314,14 +329,16 @@ class StepStarts:
             self.cal.cross[typ].extend(ref - t for t in ts)
             self.cal.cross_added[typ] += len(ts)
 
-    def interpolate(self, n: int, a: int) -> pinned.Pin | None:
+    def interpolate(self, n: int, a: int, min_samples: int | None = None) -> pinned.Pin | None:
         """``S(n)`` between the nearest pinned starts around it, when every step between
         is a decode step of the known requests (consecutive decode steps of one batch
         differ by a request or a few context tokens, so equal spacing is close, and its
-        errors have no sign). The half-width grows with the distance to the pins."""
+        errors have no sign). The half-width grows with the distance to the pins.
+        ``min_samples``: as :meth:`point`'s (the pins found cross-calibrate nothing)."""
         limit = _INTERPOLATE_STEPS
         keys = self.summary_steps
-        if keys is not None and not any(self._refresh_usable()):
+        ok = self._refresh_usable() if min_samples is None else self._usable_at(min_samples)
+        if keys is not None and not any(ok):
             # only summaries pin (no anchor type calibrated: at vLLM's default sampling,
             # the first minutes of every engine): the nearest ones are found in their
             # sorted steps, without a Pin each, and most loop waits end here, a prefill
@@ -348,10 +365,10 @@ class StepStarts:
             hi_pin = self.point(hi_step, a)
             assert lo_pin is not None and hi_pin is not None
             return self._between(n, lo_pin, hi_pin)
-        lo = self._nearest(range(n - 1, n - limit, -1), a)
+        lo = self._nearest(range(n - 1, n - limit, -1), a, min_samples)
         if lo is None:
             return None
-        hi = self._nearest(range(n + 1, lo.step + limit), a)
+        hi = self._nearest(range(n + 1, lo.step + limit), a, min_samples)
         if hi is None or hi.t_ns <= lo.t_ns:
             return None
         if self._prefill_between(lo.step - a, hi.step - a - 1):
@@ -406,13 +423,35 @@ class StepStarts:
             ok[2] = len(d[2]) >= m or len(c[2]) >= m4
         return ok
 
-    def _nearest(self, steps: range, a: int) -> pinned.Pin | None:
+    def _usable_at(self, m: int) -> list[bool]:
+        """Which anchor types :meth:`Calibration.usable` at ``m`` coincidences (a loop
+        wait's lower threshold: not cached, asked only when the default found nothing)."""
+        cal = self.cal
+        return [cal.usable(0, m), cal.usable(1, m), cal.usable(2, m)]
+
+    def answers_differ(self, m: int) -> bool:
+        """Whether an estimate at ``m`` coincidences (``point(n, a, m)``) can differ from
+        the default's: some anchor type's offset would come from another source
+        (summaries, cross-calibration or none) at ``m`` than at ``min_calibration``. Once
+        summaries calibrate every type, the lower threshold changes nothing, and a loop
+        wait need not ask again."""
+        cal, k = self.cal, self.cfg.min_calibration
+        d, c = cal.deltas, cal.cross
+        for typ in (0, 1, 2):
+            nd, nc = len(d[typ]), len(c[typ])
+            at_k = 2 if nd >= k else (1 if nc >= 4 * k else 0)
+            at_m = 2 if nd >= m else (1 if nc >= 4 * m else 0)
+            if at_k != at_m:
+                return True
+        return False
+
+    def _nearest(self, steps: range, a: int, min_samples: int | None = None) -> pinned.Pin | None:
         """The first of ``steps`` whose start is pinned (:meth:`point`), asking it only of
         the steps a summary or a calibrated anchor type could pin: most have neither."""
         summaries = self.summaries
         # an anchor type not calibrated yet pins no point (point() needs one that is);
         # that stays so until a point is found (only a found one cross-calibrates)
-        ok = self._refresh_usable()
+        ok = self._refresh_usable() if min_samples is None else self._usable_at(min_samples)
         if not any(ok) and self.summary_steps is not None:
             return self._nearest_summary(steps, a)  # only summaries pin: few, and sorted
         sched = self.anchors[SCHED] if ok[SCHED] else {}
@@ -431,7 +470,7 @@ class StepStarts:
                 cands = reversed(keys[j:i])
         for m in cands:
             if m in summaries or sched.get(m) or queued.get(m - 1) or compl.get(m - 1 - a):
-                p = self.point(m, a)
+                p = self.point(m, a, min_samples)
                 if p is not None:
                     return p
         return None
