@@ -819,31 +819,55 @@ def contention(
     return checks
 
 
+def step_error_ratio(runs: Sequence[ContentionRun]) -> float:
+    """Issue 32's step-error statistic: the shed runs' mean error over the unshed runs'
+    (a ratio of means over seeds). Why not the mean of per-seed ratios: at errors of
+    0.02-0.1 % each ratio divides two small noisy numbers, so it is heavy-tailed and its
+    mean is pulled up by Jensen's inequality (seeds 3-5 at 2026-11-29: per-seed 0.41,
+    0.90, 2.75, mean 1.35, where random 30 % subsamples also gave 1.33); "the shed run's
+    error within 1.2x of the unshed run's" reads as mean against mean."""
+    unshed = statistics.fmean(r.e_unshed for r in runs)
+    shed = statistics.fmean(r.e_shed for r in runs)
+    return shed / unshed if unshed > 0 else float("inf")
+
+
+def null_error_ratio(runs: Sequence[ContentionRun]) -> float:
+    """:func:`step_error_ratio` of the random subsamples: what shedding that does not look
+    at the content would give by the same statistic (the mean over each seed's draws)."""
+    unshed = statistics.fmean(r.e_unshed for r in runs)
+    null = statistics.fmean(statistics.fmean(n[0] for n in r.null) for r in runs)
+    return null / unshed if unshed > 0 else float("inf")
+
+
 def _contention_checks(name: str, runs: Sequence[ContentionRun]) -> list[Check]:
-    """Issue 32's targets over the seeds: step error shed / unshed ≤ 1.2 (mean; its spread
-    printed), α0 within 2 % (shed vs unshed, every seed), and no bias (shed vs random
-    subsamples at the same shares)."""
-    ratios = [r.ratio for r in runs]
-    mean = statistics.fmean(ratios)
-    spread = statistics.stdev(ratios) if len(ratios) > 1 else float("nan")
+    """Issue 32's targets over the seeds: step error shed / unshed ≤ 1.2 (ratio of the
+    means over seeds; per-seed ratios printed), α0 within 2 % (shed vs unshed, every
+    seed), and no bias (shed vs random subsamples at the same shares)."""
+    ratio = step_error_ratio(runs)
+    per_seed = [r.ratio for r in runs]
     shift = max(abs(r.a0_shed - r.a0_unshed) for r in runs)
-    null_ratio = statistics.fmean(
+    null_ratio = null_error_ratio(runs)
+    null_mean_ratio = statistics.fmean(
         statistics.fmean(n[0] for n in r.null) / max(r.e_unshed, 1e-12) for r in runs
     )
     print(
-        f"  {name}: step error shed / unshed over {len(runs)} seeds: mean {mean:.2f}, SD "
-        f"{spread:.2f}, range {min(ratios):.2f}–{max(ratios):.2f} (random subsamples "
-        f"{null_ratio:.2f}); alpha0 shed − unshed at most {shift * 100:.2f} points"
+        f"  {name}: step error over {len(runs)} seeds: unshed "
+        f"{statistics.fmean(r.e_unshed for r in runs) * 100:.3f}%, shed "
+        f"{statistics.fmean(r.e_shed for r in runs) * 100:.3f}%: shed / unshed {ratio:.2f} "
+        f"(random subsamples {null_ratio:.2f}); for information, per-seed ratios "
+        f"{', '.join(f'{x:.2f}' for x in per_seed)} (mean {statistics.fmean(per_seed):.2f}, "
+        f"random subsamples {null_mean_ratio:.2f}); alpha0 shed − unshed at most "
+        f"{shift * 100:.2f} points"
     )
     z = max(r.z for r in runs)
     # "α0 within 2 %" read both ways: moved by shedding, and the shed α0 vs the truth
     off = max(abs(r.a0_shed) for r in runs)
     return [
         Check(
-            f"contention {name}: step error shed / unshed, mean over seeds",
-            mean,
+            f"contention {name}: step error shed / unshed, ratio of means over seeds",
+            ratio,
             "≤ 1.2",
-            mean <= 1.2,
+            ratio <= 1.2,
         ),
         Check(
             f"contention {name}: alpha0 moved by shedding, max over seeds",
