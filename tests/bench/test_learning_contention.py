@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgspec
 import pytest
 
 from bench.learning import (
     ContentionRun,
     _contention_checks,
+    contention_errors,
+    contention_learn,
+    join_batches,
     null_error_ratio,
+    shed_telemetry,
     step_error_ratio,
 )
+from coeffd.learners.features.observe import has_requests
+from coeffd.records.observations import Composition, StepObservation
 
 
 def _run(unshed: float, shed: float, null: float = 0.0) -> ContentionRun:
@@ -52,3 +61,35 @@ def test_null_ratio_uses_the_same_statistic() -> None:
 
 def test_zero_unshed_error_is_an_infinite_ratio() -> None:
     assert step_error_ratio([_run(0.0, 0.001)]) == float("inf")
+
+
+@pytest.fixture(scope="module")
+def short_run() -> tuple[Any, list[Any]]:
+    tel = shed_telemetry("llama-3.1-8b-instruct", "H100", 1, 20, 3, 1.0, 0.3, name="short")
+    return tel.sim, join_batches(tel.full)
+
+
+@pytest.mark.slow
+def test_contention_learn_counts_the_summary_only_rows_it_learned(
+    short_run: tuple[Any, list[Any]],
+) -> None:
+    sim, obs = short_run
+    steps = [o for o in obs if isinstance(o, StepObservation)]
+    exact = sum(has_requests(o) for o in steps)
+    # journeys on every request: nearly every step comes with its requests, so the few
+    # summary-only ones are left out by the learner and none counts
+    assert exact > 0.8 * len(steps)
+    fit = contention_learn(sim, obs)
+    assert fit.steps == len(steps)
+    assert fit.summary_only == 0
+    # the same stream with every composition lost: all of it is learned from the totals
+    blind = [
+        msgspec.structs.replace(o, composition=Composition.AGGREGATES, requests=(), more_batches=())
+        if isinstance(o, StepObservation)
+        else o
+        for o in obs
+    ]
+    fit_blind = contention_learn(sim, blind)
+    assert fit_blind.summary_only == len(steps)
+    # and the tuple the joiner's shedding test unpacks is the same measurement
+    assert contention_errors(sim, obs) == (fit.step_error, fit.a0_error, fit.steps, fit.requests)
