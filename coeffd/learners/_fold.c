@@ -5,16 +5,15 @@
  * d = 11 is ~3,000 flops, while the ~25 numpy calls and per-row Python loops around it
  * cost tens of µs; the learning consumer folds three learners per 16 step observations
  * (issue 34). The pure-Python/numpy path in coeffd/learners/rls.py stays the reference
- * and the fallback (coeffd/learners/native.py picks): this file does the same operations
- * on the same IEEE doubles in the same order, so the weights, residual scale,
- * down-weighted count and drift residuals are the pure path's bit for bit. The two
- * matrix products are not redone here: BLAS sums them in its own order, and the ~1e-16
- * a different order leaves in (A, b) grows to ~1e-11 in the weakly identified directions
- * of β over a stream. So for d > 1 the caller passes numpy's ŷ = x θ_w and gets xc = x√c
- * and c·y back to add by the same BLAS calls as the pure path (bit-identical results);
- * for d = 1 (the α intercepts) the sums are made here in row order, as the pure path's
- * scalar fold (rls.RLSRegressor._fold_scalar) makes them. Compiled with
- * -ffp-contract=off: a fused multiply-add would round differently from Python's floats.
+ * and the fallback (coeffd/learners/native.py picks): the weights, residual scale,
+ * down-weighted count and drift residuals are the same float operations in the same
+ * order; the predictions x θ_w and the two products xcᵀxc and xᵀ(c·y) are summed here in
+ * row order (BLAS sums in its own), and so are the solves below (LAPACK's Cholesky in
+ * its). The contract with the pure path is therefore round-off, not bit identity: 1e-9
+ * relative on every prediction and published vector (the ~1e-16 a fold leaves grows to
+ * ~1e-11 in the weakly identified directions of β over a stream).
+ * Compiled with -ffp-contract=off: a fused multiply-add would round the per-row
+ * scalars differently from Python's floats.
  * tests/learners/test_native_fold.py runs both paths on the same streams.
  *
  * fold(x, ys, ws, after, scale, a, b, theta_w, mode, huber, sigma_w, s_ew, g, clip, k,
@@ -350,11 +349,309 @@ static PyObject *compare(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     return Py_BuildValue("(dddd)", f, s, b, bf);
 }
 
+
+/* ---------------------------------------------------------------------------------------
+ * The solves (issue 34, second step). The information matrices are at most 64×64 (11 for
+ * β, 21 for the extended basis); numpy spends ~10 µs of argument checks and error-state
+ * bookkeeping around each ~1 µs LAPACK call, and a learner solves once per fold plus an
+ * NNLS (a few sub-solves) whenever its unconstrained estimate has a negative term. These
+ * are plain Cholesky solves: they sum in another order than LAPACK, so results differ
+ * from the pure path at round-off (the compiled/pure contract is 1e-9 relative, see
+ * tests/learners/test_native_fold.py). Anything unusual (a matrix not positive definite, a
+ * NaN) returns 0 and the caller takes the pure path, which has the lstsq fallbacks.
+ */
+
+/* Cholesky factor (lower, row-major, n×n) of the symmetric a; 0 when not positive definite. */
+static int cholesky(const double *a, double *l, Py_ssize_t n) {
+    for (Py_ssize_t j = 0; j < n; j++) {
+        double s = a[j * n + j];
+        for (Py_ssize_t k = 0; k < j; k++) s -= l[j * n + k] * l[j * n + k];
+        if (!(s > 0.0) || !isfinite(s)) return 0;
+        double ljj = sqrt(s);
+        l[j * n + j] = ljj;
+        for (Py_ssize_t i = j + 1; i < n; i++) {
+            double t = a[i * n + j];
+            for (Py_ssize_t k = 0; k < j; k++) t -= l[i * n + k] * l[j * n + k];
+            l[i * n + j] = t / ljj;
+        }
+        for (Py_ssize_t i = 0; i < j; i++) l[i * n + j] = 0.0;
+    }
+    return 1;
+}
+
+/* x = (L Lᵀ)⁻¹ b by the two triangular solves; x may be b. */
+static void chol_solve(const double *l, const double *b, double *x, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double t = b[i];
+        for (Py_ssize_t k = 0; k < i; k++) t -= l[i * n + k] * x[k];
+        x[i] = t / l[i * n + i];
+    }
+    for (Py_ssize_t i = n - 1; i >= 0; i--) {
+        double t = x[i];
+        for (Py_ssize_t k = i + 1; k < n; k++) t -= l[k * n + i] * x[k];
+        x[i] = t / l[i * n + i];
+    }
+}
+
+/* Solve the sub-system of a (n×n) and b on the indices idx[0..k): out[0..k); 0 on failure. */
+static int sub_solve(const double *a, const double *b, Py_ssize_t n, const Py_ssize_t *idx,
+                     Py_ssize_t k, double *out, double *work) {
+    double *s = work, *l = work + k * k;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        for (Py_ssize_t j = 0; j < k; j++) s[i * k + j] = a[idx[i] * n + idx[j]];
+        out[i] = b[idx[i]];
+    }
+    if (!cholesky(s, l, k)) return 0;
+    chol_solve(l, out, out, k);
+    for (Py_ssize_t i = 0; i < k; i++)
+        if (!isfinite(out[i])) return 0;
+    return 1;
+}
+
+static int get_in(PyObject *obj, Py_buffer *view, Py_ssize_t n, const char *what) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (view->itemsize != 8 || view->format == NULL || strcmp(view->format, "d") != 0 ||
+        view->len != n * 8) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_ValueError, "%s: expected %zd float64 values", what, n);
+        return -1;
+    }
+    return 0;
+}
+
+/* solve(a, b, scale, a0, b0, pw, atot, btot, theta) -> bool
+ * The learner's total information atot = scale·a + pw·a0, btot = scale·b + pw·b0 (written,
+ * the same sums as RLSRegressor._folded_information) and θ = atot⁻¹ btot into theta; False
+ * when atot is not positive definite or θ is not finite (atot and btot are written anyway:
+ * the caller's fallback solves them). */
+static PyObject *solve(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "solve: 9 arguments");
+        return NULL;
+    }
+    double scale = PyFloat_AsDouble(args[2]), pw = PyFloat_AsDouble(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer bv;
+    if (PyObject_GetBuffer(args[1], &bv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+    Py_ssize_t d = bv.len / 8;
+    PyBuffer_Release(&bv);
+    if (d < 1 || d > MAX_D) {
+        PyErr_SetString(PyExc_ValueError, "solve: 1..64 features");
+        return NULL;
+    }
+    Py_buffer v[7];
+    Py_ssize_t sizes[7] = {d * d, d, d * d, d, d * d, d, d};
+    int which[7] = {0, 1, 3, 4, 6, 7, 8};
+    int got = 0, ok = 0;
+    for (; got < 7; got++) {
+        int rc = got < 4 ? get_in(args[which[got]], &v[got], sizes[got], "solve")
+                         : get_out(args[which[got]], &v[got], sizes[got], "solve");
+        if (rc < 0) goto done;
+    }
+    {
+        const double *A = v[0].buf, *B = v[1].buf, *A0 = v[2].buf, *B0 = v[3].buf;
+        double *AT = v[4].buf, *BT = v[5].buf, *T = v[6].buf;
+        double l[MAX_D * MAX_D];
+        for (Py_ssize_t i = 0; i < d * d; i++) AT[i] = scale * A[i] + pw * A0[i];
+        for (Py_ssize_t i = 0; i < d; i++) BT[i] = scale * B[i] + pw * B0[i];
+        if (cholesky(AT, l, d)) {
+            chol_solve(l, BT, T, d);
+            ok = 1;
+            for (Py_ssize_t i = 0; i < d; i++)
+                if (!isfinite(T[i])) ok = 0;
+        }
+    }
+done:
+    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    if (PyErr_Occurred()) return NULL;
+    return PyBool_FromLong(ok);
+}
+
+/* nnls(a, b, warm, theta, tol) -> bool
+ * learners.nnls.nnls_information (Lawson–Hanson on the information form, warm-started
+ * from the positive set warm: a bool array or None), step for step, into theta. False
+ * when a sub-system is not positive definite or a step is undefined (a NaN): the caller
+ * runs the pure version, whose lstsq fallback handles those. */
+static PyObject *nnls(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "nnls: 5 arguments");
+        return NULL;
+    }
+    double tol = PyFloat_AsDouble(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer bv, av, tv, wv;
+    if (PyObject_GetBuffer(args[1], &bv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+    Py_ssize_t n = bv.len / 8;
+    if (bv.itemsize != 8 || bv.format == NULL || strcmp(bv.format, "d") != 0 || n < 1 ||
+        n > MAX_D) {
+        PyBuffer_Release(&bv);
+        PyErr_SetString(PyExc_ValueError, "nnls: b must be float64 with 1..64 values");
+        return NULL;
+    }
+    if (get_in(args[0], &av, n * n, "nnls a") < 0) {
+        PyBuffer_Release(&bv);
+        return NULL;
+    }
+    if (get_out(args[3], &tv, n, "nnls theta") < 0) {
+        PyBuffer_Release(&bv);
+        PyBuffer_Release(&av);
+        return NULL;
+    }
+    int passive[MAX_D], has_warm = 0;
+    memset(passive, 0, sizeof passive);
+    if (args[2] != Py_None) {
+        if (PyObject_GetBuffer(args[2], &wv, PyBUF_C_CONTIGUOUS) < 0 || wv.len != n) {
+            if (!PyErr_Occurred()) {
+                PyBuffer_Release(&wv);
+                PyErr_SetString(PyExc_ValueError, "nnls: warm must be n bools");
+            }
+            PyBuffer_Release(&bv);
+            PyBuffer_Release(&av);
+            PyBuffer_Release(&tv);
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            passive[i] = ((const char *)wv.buf)[i] != 0;
+            has_warm |= passive[i];
+        }
+        PyBuffer_Release(&wv);
+    }
+    const double *a = av.buf, *b = bv.buf;
+    double *theta = tv.buf;
+    double grad[MAX_D], z[MAX_D], zs[MAX_D], work[2 * MAX_D * MAX_D];
+    Py_ssize_t idx[MAX_D] = {0}, k = 0;
+    int ok = 1;
+    double scale = 0.0;
+    for (Py_ssize_t i = 0; i < n; i++) scale = fabs(b[i]) > scale ? fabs(b[i]) : scale;
+    double amax = 0.0;
+    for (Py_ssize_t i = 0; i < n * n; i++) amax = fabs(a[i]) > amax ? fabs(a[i]) : amax;
+    if (amax > scale) scale = amax;
+    double eps = tol * (scale > 0 ? scale : 1.0);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        theta[i] = 0.0;
+        grad[i] = b[i];
+    }
+#define GRAD()                                                                \
+    for (Py_ssize_t i = 0; i < n; i++) {                                      \
+        double t = 0.0;                                                       \
+        for (Py_ssize_t j = 0; j < n; j++) t += a[i * n + j] * theta[j];      \
+        grad[i] = b[i] - t;                                                   \
+    }
+    if (has_warm) {
+        int any = 1;
+        for (;;) {
+            k = 0;
+            for (Py_ssize_t i = 0; i < n; i++)
+                if (passive[i]) idx[k++] = i;
+            if (!sub_solve(a, b, n, idx, k, zs, work)) {
+                ok = 0;
+                goto out;
+            }
+            int all = 1;
+            for (Py_ssize_t i = 0; i < k; i++)
+                if (!(zs[i] > 0)) {
+                    all = 0;
+                    passive[idx[i]] = 0;
+                }
+            if (all) break;
+            any = 0;
+            for (Py_ssize_t i = 0; i < n; i++) any |= passive[i];
+            if (!any) break;
+        }
+        if (any) {
+            for (Py_ssize_t i = 0; i < k; i++) theta[idx[i]] = zs[i];
+            GRAD();
+            double gmax = -INFINITY;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                if (passive[i]) continue;
+                if (grad[i] != grad[i]) {
+                    ok = 0;
+                    goto out;
+                }
+                if (grad[i] > gmax) gmax = grad[i];
+            }
+            if (gmax <= eps) goto out;
+        }
+    }
+    {
+        long iterations = 0, limit = 3 * (long)n + 10;
+        while (iterations < limit) {
+            Py_ssize_t j = -1;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                if (passive[i]) continue;
+                if (grad[i] != grad[i]) {
+                    ok = 0; /* a NaN gradient: the pure path */
+                    goto out;
+                }
+                if (j < 0 || grad[i] > grad[j]) j = i;
+            }
+            if (j < 0 || !(grad[j] > eps)) break;
+            passive[j] = 1;
+            for (;;) {
+                iterations++;
+                k = 0;
+                for (Py_ssize_t i = 0; i < n; i++) {
+                    z[i] = 0.0;
+                    if (passive[i]) idx[k++] = i;
+                }
+                if (!sub_solve(a, b, n, idx, k, zs, work)) {
+                    ok = 0;
+                    goto out;
+                }
+                int all = 1;
+                for (Py_ssize_t i = 0; i < k; i++) {
+                    z[idx[i]] = zs[i];
+                    if (!(zs[i] > 0)) all = 0;
+                }
+                if (all || iterations >= limit) {
+                    for (Py_ssize_t i = 0; i < n; i++)
+                        theta[i] = passive[i] ? (z[i] > 0.0 ? z[i] : 0.0) : 0.0;
+                    break;
+                }
+                double alpha = INFINITY;
+                int seen = 0;
+                for (Py_ssize_t i = 0; i < n; i++) {
+                    if (!(passive[i] && z[i] <= 0)) continue;
+                    double den = theta[i] - z[i];
+                    double r = den > 0 ? theta[i] / den : 1.0;
+                    if (r < alpha || !seen) alpha = r;
+                    seen = 1;
+                }
+                if (!seen || alpha != alpha) {
+                    ok = 0;
+                    goto out;
+                }
+                int any = 0;
+                for (Py_ssize_t i = 0; i < n; i++) {
+                    theta[i] = theta[i] + alpha * (z[i] - theta[i]);
+                    passive[i] = passive[i] && theta[i] > eps * 1e-3;
+                    if (!passive[i]) theta[i] = 0.0;
+                    any |= passive[i];
+                }
+                if (!any) break;
+            }
+            GRAD();
+        }
+    }
+#undef GRAD
+out:
+    PyBuffer_Release(&bv);
+    PyBuffer_Release(&av);
+    PyBuffer_Release(&tv);
+    return PyBool_FromLong(ok);
+}
+
 static PyMethodDef methods[] = {
     {"fold", (PyCFunction)(void (*)(void))fold, METH_FASTCALL,
      "One RLS fold: robust weights and the rank-m update of (A, b) (see _fold.c)."},
     {"compare", (PyCFunction)(void (*)(void))compare, METH_FASTCALL,
      "The steady pair's error comparison of a chunk of rows (see _fold.c)."},
+    {"solve", (PyCFunction)(void (*)(void))solve, METH_FASTCALL,
+     "A learner's total information and its Cholesky solve (see _fold.c)."},
+    {"nnls", (PyCFunction)(void (*)(void))nnls, METH_FASTCALL,
+     "Lawson-Hanson NNLS on the information form (see _fold.c)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from coeffd.learners.nnls import nnls_information
+from coeffd.learners.nnls import nnls_fast
 
 __all__ = [
     "REGIMES",
@@ -442,7 +442,7 @@ class WindowedRefit:
         # Tiny ridge keeps all-zero / collinear columns at 0 rather than undefined.
         a += np.eye(len(b)) * 1e-12 * max(float(np.trace(a)), 1e-300)
         # warm: the window moves by refit_every rows, its active set rarely (same optimum)
-        self.coef = nnls_information(a, b, warm=self.coef > 0)
+        self.coef = nnls_fast(a, b, self.coef > 0)
 
     def predict_row(self, x: Sequence[float] | FloatArray) -> float:
         """Predict one row (``n_features`` values) with the last refit's coefficients."""

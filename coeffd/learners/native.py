@@ -23,12 +23,16 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["AVAILABLE", "UNAVAILABLE", "compare", "fold"]
+__all__ = ["AVAILABLE", "UNAVAILABLE", "compare", "fold", "nnls", "solve"]
 
 #: ``_fold.fold``, or None.
 fold: Any = None
 #: ``_fold.compare``, or None.
 compare: Any = None
+#: ``_fold.solve`` (a learner's total information and its Cholesky solve), or None.
+solve: Any = None
+#: ``_fold.nnls`` (:func:`learners.nnls.nnls_information` in C), or None.
+nnls: Any = None
 #: Why the extension is not used ("" when it is).
 UNAVAILABLE = ""
 
@@ -38,7 +42,7 @@ else:
     try:
         from coeffd.learners import _fold  # type: ignore[attr-defined]
 
-        fold, compare = _fold.fold, _fold.compare
+        fold, compare, solve, nnls = _fold.fold, _fold.compare, _fold.solve, _fold.nnls
     except ImportError as e:  # not built (no compiler at install time) or another ABI
         UNAVAILABLE = f"compiled fold not importable: {e}"
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from coeffd.learners import native as _native
 from coeffd.learners.linalg import spd_solve
 
-__all__ = ["nnls_information"]
+__all__ = ["nnls_fast", "nnls_information"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -115,3 +116,25 @@ def nnls_information(
                 break
         grad = b - a @ theta
     return theta
+
+
+def nnls_fast(
+    a: FloatArray, b: FloatArray, warm: npt.NDArray[np.bool_] | None = None, native: bool = True
+) -> FloatArray:
+    """:func:`nnls_information` by the compiled fold's Lawson–Hanson (:mod:`learners.native`)
+    when it is there and ``native``: the same steps on Cholesky solves of its own, so the
+    result agrees with the pure one at round-off (1e-9 relative is the contract), for a
+    few µs instead of ~20 (numpy's cost per call, ~15 calls a solve). A sub-system that
+    is not positive definite, or a NaN, takes the pure path (its lstsq fallback).
+
+    >>> import numpy as np
+    >>> a = np.array([[2.0, 0.0], [0.0, 1.0]])
+    >>> nnls_fast(a, np.array([4.0, -3.0])).round(9).tolist()
+    [2.0, 0.0]
+    """
+    fn = _native.nnls
+    if native and fn is not None and 0 < b.shape[0] <= 64:
+        out = np.empty(b.shape[0])
+        if fn(a, b, warm, out, 1e-10):
+            return out
+    return nnls_information(a, b, warm=warm)

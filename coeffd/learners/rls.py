@@ -51,7 +51,7 @@ from river import base
 
 from coeffd.learners import native as _native
 from coeffd.learners.linalg import spd_solve
-from coeffd.learners.nnls import nnls_information
+from coeffd.learners.nnls import nnls_fast
 
 if TYPE_CHECKING:
     from coeffd.learners.drift import DriftMonitor
@@ -183,8 +183,6 @@ class RLSRegressor(base.Regressor):
         self._pred: FloatArray | None = None
         self._pred_free: FloatArray | None = None
         self._pred_key = (-1, -1)
-        #: the compiled fold's output arrays (xc, cy) by fold size, reused fold to fold
-        self._fold_bufs: dict[int, tuple[FloatArray, FloatArray]] = {}
         #: predict_prequential's coefficients as floats: ((folded, generation, nonneg), list)
         self._coef_list: tuple[tuple[int, int, bool], list[float]] = ((-1, -1, True), [])
         #: intercept_prequential's last answer: ((folded, generation, nonnegative), value)
@@ -317,8 +315,7 @@ class RLSRegressor(base.Regressor):
         if self._pend_y:
             self._fold()
         if self._theta is None:
-            a, b = self.information()
-            self._theta = _solve(a, b, self._theta0)
+            a, b, self._theta = self._solve_folded()
             # kept for prediction_coef: the same solve for the same statistics
             self._theta_at, self._theta_last = (self._folded, self._generation), self._theta
             self._theta_ab = (a, b)
@@ -335,7 +332,7 @@ class RLSRegressor(base.Regressor):
                 self._valid = theta
             else:
                 a, b = self.information()
-                self._valid = nnls_information(a, b, warm=self._positive)
+                self._valid = nnls_fast(a, b, self._positive, self.use_native)
                 self._positive = self._valid > 0
         return self._valid.copy()
 
@@ -368,8 +365,7 @@ class RLSRegressor(base.Regressor):
                 self._pred_free = self._theta_last  # θ_w refresh solved this very system
                 a, b = self._theta_ab
             else:
-                a, b = self._folded_information()
-                self._pred_free = _solve(a, b, self._theta0)
+                a, b, self._pred_free = self._solve_folded()
             self._pred = None  # the non-negative fit only when asked for (an NNLS solve)
             self._pred_key = key
             self._pred_ab = (a, b)
@@ -382,7 +378,7 @@ class RLSRegressor(base.Regressor):
             # one feature: a float comparison (np.all costs ~2 µs a call, once a fold)
             if not (theta[0] >= 0.0 if self._d == 1 else (theta >= 0).all()):
                 a, b = self._pred_ab
-                theta = nnls_information(a, b, warm=self._positive)
+                theta = nnls_fast(a, b, self._positive, self.use_native)
                 self._positive = theta > 0  # the next fold rarely changes the active set
             self._pred = theta
         return self._pred
@@ -427,6 +423,13 @@ class RLSRegressor(base.Regressor):
         if not (np.isfinite(xa).all() and np.isfinite(ya).all()):
             return self._prequential_checked(xa, ya, nonnegative)  # rejects row by row
         return self.prequential_finite(xa, ya.tolist(), nonnegative=nonnegative)
+
+    def rows_to_fold(self) -> int:
+        """Rows :meth:`prequential_finite` takes in its next run: up to the next fold
+        (one at a time while the learner is young)."""
+        if self.n_learned < _YOUNG_ROWS:
+            return 1
+        return max(1, self.refresh_every - self._since_refresh)
 
     def prequential_finite(
         self, X: FloatArray, y: list[float], *, nonnegative: bool = True
@@ -511,6 +514,24 @@ class RLSRegressor(base.Regressor):
         if w == 1.0:  # the prior is not forgotten (the default): no product to make
             return self._scale * self._a + self._a0, self._scale * self._b + self._b0
         return self._scale * self._a + w * self._a0, self._scale * self._b + w * self._b0
+
+    def _solve_folded(self) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """(A, b) of the rows folded so far plus the prior, and θ = A⁻¹b: in one call of
+        the compiled fold when it is there (a Cholesky of its own: ~1 µs against ~10 for
+        numpy's calls around LAPACK's), else :meth:`_folded_information` and
+        :func:`_solve`. A system the compiled solve declines (not positive definite, a
+        non-finite θ) is solved by the pure path, fallbacks and all."""
+        fn = _native.solve
+        if fn is not None and self.use_native and self._d <= _NATIVE_MAX_FEATURES:
+            d = self._d
+            a, b, theta = np.empty((d, d)), np.empty(d), np.empty(d)
+            if fn(
+                self._a, self._b, self._scale, self._a0, self._b0, self._prior_weight(), a, b, theta
+            ):
+                return a, b, theta
+            return a, b, _solve(a, b, self._theta0)
+        a, b = self._folded_information()
+        return a, b, _solve(a, b, self._theta0)
 
     def _prior_weight(self) -> float:
         return self._decay if self.forget_prior else 1.0
@@ -825,27 +846,20 @@ class RLSRegressor(base.Regressor):
         self, x: FloatArray | list[list[float]], ys: list[float], ws: list[float]
     ) -> None:
         """:meth:`_fold_rows` (``x`` an array) or :meth:`_fold_scalar` (``x`` a list of
-        one-value rows) by the compiled fold (``_fold.c``), with the same results bit for
-        bit: the per-row scalars are the same float operations in the same order, and the
-        two products are numpy's (an array) or the scalar fold's row-order sums (one
-        feature). The state is advanced in the pure path's order, but for the drift
-        monitor, which sees the residuals after the statistics took the rows (they do not
-        depend on it; an alarm inflates after the fold either way)."""
+        one-value rows) by the compiled fold (``_fold.c``): the per-row scalars are the
+        same float operations in the same order, the predictions ``x θ_w`` and the two
+        products are summed there in row order (BLAS sums in its own: the results agree
+        with the pure path at round-off, 1e-9 relative being the contract). The state is
+        advanced in the pure path's order, but for the drift monitor, which sees the
+        residuals after the statistics took the rows (they do not depend on it; an alarm
+        inflates after the fold either way)."""
         first_index = self._folded
         robust = self.weighting == "relative" or self.huber is not None or self.drift is not None
         mode = 0 if not robust else 2 if self.weighting == "relative" else 1
         sigma_w = self._sigma_w if robust else 1.0
         s_ew = self._sigma_ew if self._sigma_ew is not None else sigma_w
         huber = self.huber
-        array = isinstance(x, np.ndarray)
-        yhat = x @ self._theta_w if robust and array else None
         m = len(ys)
-        xc = cy = None
-        if array:
-            bufs = self._fold_bufs.get(m)  # one pair per fold size (all but a few: 16)
-            if bufs is None:
-                bufs = self._fold_bufs[m] = (np.empty((m, self._d)), np.empty(m))
-            xc, cy = bufs
         after, scale = self._advance(m)
         done, s_ew, n_down, clipped, c = _native.fold(
             x,
@@ -863,9 +877,9 @@ class RLSRegressor(base.Regressor):
             1.0 / max(self.scale_memory, 1.0),
             3.0 if huber is None else huber,
             _SQRT_HALF_PI,
-            yhat,
-            xc,
-            cy,
+            None,
+            None,
+            None,
         )
         if robust:
             self._sigma_ew = s_ew
@@ -873,9 +887,6 @@ class RLSRegressor(base.Regressor):
         if not done:  # a row too large to square: the array path filters it out
             self._accumulate(np.asarray(x, dtype=float).reshape(m, self._d), c, ys)
         else:
-            if xc is not None and cy is not None:
-                self._a += xc.T @ xc  # _accumulate's products, on the same values
-                self._b += x.T @ cy  # type: ignore[union-attr]
             self._theta = None
             self._valid = None
         if robust and self.drift is not None and self.drift.update_many(clipped, first_index) >= 0:

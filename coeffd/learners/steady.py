@@ -150,8 +150,11 @@ class SteadyEstimator:
     ) -> FloatArray:
         """Predict each row with the published estimate, then learn it in both learners.
 
-        Rows are taken in pieces of at most ``refresh_every`` so a mode change (an alarm
-        folds at chunk boundaries) takes effect at the next piece, as it would row by row.
+        Rows are taken in pieces that end where the learners fold (at most
+        ``refresh_every`` rows), so a mode change (an alarm folds at chunk boundaries)
+        takes effect at the next piece, as it would row by row; a piece is then one run
+        of each learner's prequential fold (one prediction, one fold straight from the
+        array), not the tail of one fold and the head of the next.
         """
         xa = np.asarray(X, dtype=float)
         ya = np.asarray(y, dtype=float)
@@ -159,9 +162,11 @@ class SteadyEstimator:
         ys = ya.tolist()
         n = len(ys)
         out = np.empty(n)
-        step = max(1, self.fast.refresh_every)
+        fast, slow = self.fast, self.slow
         i = 0
         while i < n:
+            # both learn every row, so their folds coincide (min: in case they do not)
+            step = min(fast.rows_to_fold(), slow.rows_to_fold())
             seg = slice(i, min(n, i + step))
             if finite:  # validated once for the whole batch
                 pf = self.fast.prequential_finite(xa[seg], ys[seg], nonnegative=nonnegative)

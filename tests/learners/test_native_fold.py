@@ -1,9 +1,17 @@
 """The compiled fold (``coeffd/learners/_fold.c``) against the pure-Python/numpy one, its
-reference: the same learner state bit for bit — statistics, estimates, residual scale,
-down-weighted rows, drift alarms — on streams that fold through every path (arrays of
-step rows, the α intercepts' lists, ``learn_one`` dicts, plain RLS, a row too large to
-square), and the same predictions and published vectors of a learner registry fed
-simfleet's observations.
+reference: the same learner state — statistics, estimates, residual scale, down-weighted
+rows, drift alarms — on streams that fold through every path (arrays of step rows, the α
+intercepts' lists, ``learn_one`` dicts, plain RLS, a row too large to square), and the
+same predictions and published vectors of a learner registry fed simfleet's
+observations.
+
+The contract (issue 34): within :data:`RTOL` = 1e-9 relative, not bit for bit. The
+compiled fold sums the fold's products and its Cholesky/NNLS solves in its own order
+(BLAS and LAPACK sum in theirs), so the two paths differ at round-off, ~1e-16 a fold,
+which grows to ~1e-11 in the weakly identified directions of β over a stream; 1e-9
+leaves room for that and still fails on any real difference (a wrong weight, a missed
+row, an alarm or NNLS active set gone another way moves values by far more). Counts
+(rows learned, rejected, down-weighted, alarms and where they fell) must be equal.
 
 Only an explicit ``COEFFD_PURE_FOLD=1`` skips these: an install that failed to build the
 extension fails ``test_the_extension_is_built`` instead of passing unnoticed.
@@ -55,15 +63,67 @@ def _state(m: RLSRegressor) -> dict[str, object]:
     return st
 
 
+#: The compiled/pure contract: every float within this relative difference (see above).
+RTOL = 1e-9
+
+
+def _assert_close(got: object, want: object, where: str = "") -> None:
+    """``got`` and ``want`` (nested dicts, lists, tuples, numbers, strings) equal but for
+    floats, which may differ by :data:`RTOL` relative. A float in a list is compared
+    against the largest magnitude in that list too: a coefficient the NNLS pins at 0, or
+    a statistic that cancels to ~0, is round-off of its neighbours' size, not its own."""
+    if isinstance(got, np.ndarray):
+        got = got.tolist()
+    if isinstance(want, np.ndarray):
+        want = want.tolist()
+    if isinstance(got, dict) and isinstance(want, dict):
+        assert got.keys() == want.keys(), where
+        for k in want:
+            _assert_close(got[k], want[k], f"{where}.{k}")
+    elif isinstance(got, list | tuple) and isinstance(want, list | tuple):
+        assert len(got) == len(want), where
+        floats = [abs(v) for v in want if isinstance(v, float) and np.isfinite(v)]
+        floor = RTOL * max(floats, default=0.0)
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            if isinstance(g, float) and isinstance(w, float):
+                _float_close(g, w, floor, f"{where}[{i}]")
+            else:
+                _assert_close(g, w, f"{where}[{i}]")
+    elif isinstance(got, float) and isinstance(want, float):
+        _float_close(got, want, 0.0, where)
+    else:
+        assert type(got) is type(want) and got == want, f"{where}: {got!r} != {want!r}"
+
+
+def _float_close(g: float, w: float, floor: float, where: str) -> None:
+    if np.isnan(w) or np.isinf(w):
+        assert str(g) == str(w), f"{where}: {g!r} != {w!r}"
+        return
+    assert abs(g - w) <= RTOL * abs(w) + floor, f"{where}: {g!r} != {w!r}"
+
+
+def test_the_tolerance_fails_on_a_real_difference() -> None:
+    """The comparison is not vacuous: 1e-8 relative, a count or a NaN fails it."""
+    _assert_close({"a": [1.0, 0.0, 1e-12]}, {"a": [1.0 + 1e-12, 0.0, 0.0]})
+    for got, want in (
+        ([1.0 + 1e-8], [1.0]),
+        ({"n": 3}, {"n": 4}),
+        ([float("nan")], [1.0]),
+        ((1.0, "steady"), (1.0, "tracking")),
+    ):
+        with pytest.raises(AssertionError):
+            _assert_close(got, want)
+
+
 def _pair(
     target: str, feed: Callable[[RLSRegressor], list[float]], alpha_prior: float = 300.0
 ) -> tuple[RLSRegressor, RLSRegressor]:
     """Feed the same stream to a compiled and a pure learner; their predictions and state
-    must be the same bit for bit."""
+    must agree within :data:`RTOL`."""
     c = _learner(target, alpha_prior, compiled=True)
     p = _learner(target, alpha_prior, compiled=False)
-    assert feed(c) == feed(p)
-    assert _state(c) == _state(p)
+    _assert_close(feed(c), feed(p), "predictions")
+    _assert_close(_state(c), _state(p), "state")
     return c, p
 
 
@@ -147,8 +207,11 @@ def test_steady_pair_and_queue_learner_as_pure() -> None:
     a, b = pair(True), pair(False)
     got = [a.learn_intercept_prequential(t) for t in y.tolist()]
     want = [b.learn_intercept_prequential(t) for t in y.tolist()]
-    assert got == want and a.switches > 0 and a.state_dict() == b.state_dict()
-    assert _state(a.fast) == _state(b.fast) and _state(a.slow) == _state(b.slow)
+    _assert_close(got, want, "predictions")
+    assert a.switches > 0
+    _assert_close(a.state_dict(), b.state_dict(), "pair")
+    _assert_close(_state(a.fast), _state(b.fast), "fast")
+    _assert_close(_state(a.slow), _state(b.slow), "slow")
 
     def feed(m: RLSRegressor) -> list[float]:
         out = []
@@ -180,7 +243,7 @@ def test_plain_rls_and_an_overflowing_row_as_pure() -> None:
                 m.learn_one(dict(zip(names, row, strict=True)), t)
             m.learn_one({"x0": 1e200}, 1.0)  # finite, overflows once squared
             m.learn_many(x[:33], y[:33])
-        assert _state(c) == _state(p)
+        _assert_close(_state(c), _state(p))
         # plain RLS rejects the large row in the fold; Huber's weight shrinks it first
         assert c.n_rejected == (1 if kw.get("forget_prior") else 0)
 
@@ -201,23 +264,26 @@ def test_registry_on_simfleet_predicts_and_publishes_as_pure(
     assert len(steps) > 1000 and len(reqs) > 50
     cfg = ServingConfig(model="llama-3.1-8b-instruct", gpu="H100")  # simfleet's engine
 
-    compare = native.compare
+    saved = {k: getattr(native, k) for k in ("compare", "solve", "nnls")}
 
     def run(compiled: bool) -> tuple[list[object], object]:
         monkeypatch.setattr(RLSRegressor, "use_native", compiled)
-        monkeypatch.setattr(native, "compare", compare if compiled else None)
+        for k, fn in saved.items():  # the batch refit's NNLS too
+            monkeypatch.setattr(native, k, fn if compiled else None)
         reg = LearnerRegistry()
         out: list[object] = []
         for i in range(0, max(len(steps), len(reqs) * 20), 200):
             s = reg.learn_step_scores(cfg, steps[i : i + 200])
             if s is not None:
                 out.append({k: v.tolist() for k, v in s.predictions.items()})
-            out.append(reg.learn_requests(cfg, reqs[i // 20 : i // 20 + 10]))
+            scored, n = reg.learn_requests(cfg, reqs[i // 20 : i // 20 + 10])
+            out.append([[x.target, x.y, x.predictions, x.regime] for x in scored] + [n])
         est = reg.estimate(cfg.id)
-        return out, (est.alpha, est.beta, {k: v.values for k, v in est.vectors.items()})
+        vectors = {k: [v.values, v.estimate, v.identified] for k, v in est.vectors.items()}
+        return out, [est.alpha, est.beta, vectors]
 
     got, want = run(True), run(False)
-    assert str(got) == str(want)  # NaN-safe: the same reprs, every float bit for bit
+    _assert_close(got, want)
 
 
 def test_steady_comparison_as_the_pure_loop() -> None:
@@ -253,10 +319,13 @@ def test_wide_and_long_folds_take_the_pure_path() -> None:
     p.use_native = False
     c.learn_many(x, y)
     p.learn_many(x, y)
-    assert _state(c) == _state(p)
+    _assert_close(_state(c), _state(p))
     c = RLSRegressor(["a", "b"], refresh_every=5000)
     p = RLSRegressor(["a", "b"], refresh_every=5000)
     p.use_native = False
+    # (not two equal columns: a system that singular, held by a 1e-6 prior alone, has
+    # a solution that round-off moves by ~1e-7 in either path)
+    x2 = np.column_stack([np.linspace(0.0, 1.0, 5000), np.ones(5000)])
     for m in (c, p):
-        m.learn_many(np.ones((5000, 2)), np.arange(5000.0))
-    assert _state(c) == _state(p)
+        m.learn_many(x2, np.arange(5000.0))
+    _assert_close(_state(c), _state(p))
