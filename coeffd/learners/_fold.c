@@ -643,6 +643,37 @@ out:
     return PyBool_FromLong(ok);
 }
 
+/* feed(update, values, start) -> int
+ * Call update(v) for v in values[start:] (a list of floats) until it returns true; the
+ * index of that value, or -1. The drift monitor's loop over a fold's residuals into
+ * ADWIN's window (learners.drift.DriftMonitor.update_many): the window's update is a
+ * compiled call of ~0.1 µs, the Python loop around it was several times that, for every
+ * row of every learner. */
+static PyObject *feed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3 || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "feed: update, a list of floats, start");
+        return NULL;
+    }
+    PyObject *fn = args[0], *values = args[1];
+    Py_ssize_t start = PyLong_AsSsize_t(args[2]);
+    if (start == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(values);
+    for (Py_ssize_t j = start < 0 ? 0 : start; j < n; j++) {
+        PyObject *v = PyList_GET_ITEM(values, j);
+        PyObject *f = PyFloat_CheckExact(v) ? (Py_INCREF(v), v) : PyNumber_Float(v);
+        if (f == NULL) return NULL;
+        PyObject *r = PyObject_CallOneArg(fn, f);
+        Py_DECREF(f);
+        if (r == NULL) return NULL;
+        int hit = PyObject_IsTrue(r);
+        Py_DECREF(r);
+        if (hit < 0) return NULL;
+        if (hit) return PyLong_FromSsize_t(j);
+    }
+    return PyLong_FromLong(-1);
+}
+
 static PyMethodDef methods[] = {
     {"fold", (PyCFunction)(void (*)(void))fold, METH_FASTCALL,
      "One RLS fold: robust weights and the rank-m update of (A, b) (see _fold.c)."},
@@ -650,6 +681,8 @@ static PyMethodDef methods[] = {
      "The steady pair's error comparison of a chunk of rows (see _fold.c)."},
     {"solve", (PyCFunction)(void (*)(void))solve, METH_FASTCALL,
      "A learner's total information and its Cholesky solve (see _fold.c)."},
+    {"feed", (PyCFunction)(void (*)(void))feed, METH_FASTCALL,
+     "Feed values to a detector's update until it alarms (see _fold.c)."},
     {"nnls", (PyCFunction)(void (*)(void))nnls, METH_FASTCALL,
      "Lawson-Hanson NNLS on the information form (see _fold.c)."},
     {NULL, NULL, 0, NULL},

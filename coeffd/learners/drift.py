@@ -37,6 +37,8 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
+from coeffd.learners import native as _native
+
 __all__ = ["DriftEvent", "DriftMonitor"]
 
 _log = structlog.get_logger(__name__)
@@ -181,11 +183,16 @@ class DriftMonitor:
                 # so the window is fed directly (~0.5 µs a row less, every row of every
                 # learner)
                 window = helper.update
-                for j in range(i, n):
-                    if window(float(values[j])):
-                        det._drift_detected = True  # as River leaves it
-                        hit = j
-                        break
+                if _native.feed is not None and type(values) is list:
+                    hit = _native.feed(window, values, i)  # the loop below, compiled
+                    if hit >= 0:
+                        det._drift_detected = True
+                else:
+                    for j in range(i, n):
+                        if window(float(values[j])):
+                            det._drift_detected = True  # as River leaves it
+                            hit = j
+                            break
             else:
                 update = det.update
                 for j in range(i, n):

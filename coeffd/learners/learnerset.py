@@ -32,7 +32,7 @@ from coeffd.learners.evaluation import (
     WindowedRefit,
     regime_batches,
     regime_std,
-    step_regime,
+    step_regimes,
 )
 from coeffd.learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA, TERM_NAMES, BlisBasis
 from coeffd.learners.features.config import ServingConfig
@@ -293,16 +293,14 @@ class LearnerSet:
             xe_all = None if xe_all is None else xe_all[good]
         if not steps:
             return None
-        regimes = [
-            step_regime(
-                agg.prefill_tokens,
-                agg.decode_tokens,
-                agg.kv_usage_gpu_ratio,
-                heavy_fraction=ev.heavy_fraction,
-                kv_saturated=ev.kv_saturated,
-            )
-            for agg in (obs.aggregates for obs in steps)
-        ]
+        aggs = [obs.aggregates for obs in steps]
+        regimes = step_regimes(
+            np.array([a.prefill_tokens for a in aggs], dtype=np.float64),
+            np.array([a.decode_tokens for a in aggs], dtype=np.float64),
+            np.array([a.kv_usage_gpu_ratio for a in aggs], dtype=np.float64),
+            heavy_fraction=ev.heavy_fraction,
+            kv_saturated=ev.kv_saturated,
+        )
         ys = y_all.tolist()
         if beta.drift is not None:
             beta.drift.clock_ns = steps[-1].start_mono_ns
@@ -348,16 +346,22 @@ class LearnerSet:
         wobbled by several percent. With nothing better (journeys not traced), they are
         still what there is, and are learned.
         """
-        keep: list[StepObservation] = []
+        exact = [has_requests(obs) for obs in steps]
         share, n = self.exact_share, self.exact_rows
-        for obs in steps:
-            exact = has_requests(obs)
-            # a running mean at first: the first rows already tell what this stream
-            # carries (a long-memory learner would keep early summary-only rows for
-            # ~10,000 rows)
-            n = min(n + 1, EXACT_SHARE_MEMORY)
-            share += ((1.0 if exact else 0.0) - share) / n
-            if exact or share < 0.5:
+        if all(exact):  # the usual burst: every step kept, only the share moves
+            for _ in exact:
+                # a running mean at first: the first rows already tell what this stream
+                # carries (a long-memory learner would keep early summary-only rows for
+                # ~10,000 rows)
+                n = n + 1 if n < EXACT_SHARE_MEMORY else EXACT_SHARE_MEMORY
+                share += (1.0 - share) / n
+            self.exact_share, self.exact_rows = share, n
+            return steps
+        keep: list[StepObservation] = []
+        for obs, e in zip(steps, exact, strict=True):
+            n = n + 1 if n < EXACT_SHARE_MEMORY else EXACT_SHARE_MEMORY
+            share += ((1.0 if e else 0.0) - share) / n
+            if e or share < 0.5:
                 keep.append(obs)
         self.exact_share, self.exact_rows = share, n
         self.approximate_skipped += len(steps) - len(keep)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["AVAILABLE", "UNAVAILABLE", "compare", "fold", "nnls", "solve"]
+__all__ = ["AVAILABLE", "UNAVAILABLE", "compare", "feed", "fold", "nnls", "solve"]
 
 #: ``_fold.fold``, or None.
 fold: Any = None
@@ -33,6 +33,8 @@ compare: Any = None
 solve: Any = None
 #: ``_fold.nnls`` (:func:`learners.nnls.nnls_information` in C), or None.
 nnls: Any = None
+#: ``_fold.feed`` (a drift detector's update over a fold's residuals), or None.
+feed: Any = None
 #: Why the extension is not used ("" when it is).
 UNAVAILABLE = ""
 
@@ -43,6 +45,7 @@ else:
         from coeffd.learners import _fold  # type: ignore[attr-defined]
 
         fold, compare, solve, nnls = _fold.fold, _fold.compare, _fold.solve, _fold.nnls
+        feed = _fold.feed
     except ImportError as e:  # not built (no compiler at install time) or another ABI
         UNAVAILABLE = f"compiled fold not importable: {e}"
 

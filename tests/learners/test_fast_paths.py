@@ -261,3 +261,47 @@ def test_evaluator_add_scored_is_record_without_a_regime() -> None:
         b.record("c", "w", y, {"learned": float("nan") if y > 9.0 else y * 0.9})
     assert a.summary("c", "t") == b.summary("c", "t") and a.targets("c") == ["t", "w"]
     assert a.summary("c", "w") == b.summary("c", "w")
+
+
+def test_step_regimes_are_step_regime_row_by_row() -> None:
+    """The vectorised regimes of a burst: the same quotients and thresholds, edges
+    included (no tokens, exactly at the heavy fraction, KV exactly saturated, NaN KV)."""
+    from coeffd.learners.evaluation import step_regime, step_regimes
+
+    rng = np.random.default_rng(5)
+    pre = rng.integers(0, 3000, 2000).astype(float)
+    dec = rng.integers(0, 300, 2000).astype(float)
+    pre[:50] = dec[:50] = 0.0
+    pre[50:60], dec[50:60] = 800.0, 200.0  # prefill share exactly 0.8
+    pre[60:70], dec[60:70] = 200.0, 800.0
+    kv = rng.uniform(0.0, 1.0, 2000)
+    kv[70:80] = 0.9
+    kv[80:90] = np.nan
+    got = step_regimes(pre, dec, kv, heavy_fraction=0.8, kv_saturated=0.9)
+    want = [
+        step_regime(int(p), int(d), k, heavy_fraction=0.8, kv_saturated=0.9)
+        for p, d, k in zip(pre.tolist(), dec.tolist(), kv.tolist(), strict=True)
+    ]
+    assert got == want and len(set(got)) == 4
+
+
+def test_drift_feed_is_the_python_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled feed of a fold's residuals into ADWIN alarms where the Python loop
+    does, at the same rows, through grace spells and repeated alarms."""
+    from coeffd.learners import native
+
+    if native.feed is None:
+        pytest.skip(native.UNAVAILABLE)
+    rng = np.random.default_rng(8)
+    z = np.clip(np.r_[rng.normal(0, 1, 3000), rng.normal(1.5, 1, 3000)], -3, 3).tolist()
+
+    def alarms(compiled: bool) -> list[int]:
+        monkeypatch.setattr(native, "feed", native.feed if compiled else None)
+        m = DriftMonitor()
+        for i in range(0, len(z), 16):
+            m.update_many(z[i : i + 16], i)
+        monkeypatch.undo()
+        return [e["n"] for e in m.history]
+
+    got = alarms(True)
+    assert got and got == alarms(False)

@@ -303,8 +303,19 @@ class LearningConsumer:
         # queue learners are not the step learners, so the order between them is free).
         requests: dict[str, tuple[ServingConfig, list[RequestObservation]]] = {}
         keep_request = self.load.keep_request if self.load.step_filter is not None else None
+        resolve = self.resolver.resolve
+        # A sweep's observations come in runs of one engine's (one Source object): its
+        # configuration is resolved once a run (nothing else is resolved in between, so
+        # the answer cannot change), not once an observation.
+        last_source: object = None
+        last_cfg: ServingConfig | None = None
         for obs in observations:
-            cfg = self.resolver.resolve(obs.source)
+            source = obs.source
+            if source is last_source:
+                cfg = last_cfg
+            else:
+                cfg = resolve(source)
+                last_source, last_cfg = (source, cfg) if cfg is not None else (None, None)
             if cfg is None:
                 if isinstance(obs, KVTransferObservation):
                     if len(self._unresolved_kv) == self._unresolved_kv.maxlen:
@@ -318,10 +329,11 @@ class LearningConsumer:
             if cid not in self._configs:
                 self._configs[cid] = cfg
                 describe_configuration(self.metrics, cfg)
-            self.requests.observe(cfg, obs)  # kept for coeffd trace, learned or shed
             if isinstance(obs, StepObservation):
+                # the request ring notes the steps' KV size per burst (observe_steps)
                 steps.setdefault(cid, (cfg, []))[1].append(obs)
                 continue
+            self.requests.observe(cfg, obs)  # kept for coeffd trace, learned or shed
             if isinstance(obs, RequestObservation):
                 if keep_request is None or keep_request(obs.request_id):
                     requests.setdefault(cid, (cfg, []))[1].append(obs)
@@ -339,6 +351,7 @@ class LearningConsumer:
                 self.publisher.pending(cid, now)
                 self._record_requests(cid, rscores)
         for cid, (cfg, batch) in steps.items():
+            self.requests.observe_steps(cfg, batch)  # kept for coeffd trace, learned or shed
             skipped = self.registry.approximate_skipped
             scores = self.registry.learn_step_scores(cfg, batch)
             self.metrics.approximate.inc(self.registry.approximate_skipped - skipped)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import sys
 import threading
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from coeffd.learners.features.config import ServingConfig
@@ -128,6 +129,26 @@ class RequestRing:
             total = obs.aggregates.kv_blocks_total_gpu
             if total > 0:
                 self._kv_blocks[config_id] = total
+
+    def observe_steps(self, config: ServingConfig, steps: Sequence[StepObservation]) -> None:
+        """:meth:`observe` of a burst of one configuration's steps: only the last step
+        with a KV size counts, so it is looked for from the end (one attribute read per
+        burst, not per step).
+
+        >>> from coeffd.learners.features.config import ServingConfig
+        >>> ring = RequestRing()
+        >>> ring.observe_steps(ServingConfig(model="m", gpu="H100"), [])
+        >>> ring.facts(ServingConfig(model="m", gpu="H100").id)
+        {}
+        """
+        config_id = config.id
+        if config_id not in self._configs:
+            self._configs[config_id] = config
+        for obs in reversed(steps):
+            total = obs.aggregates.kv_blocks_total_gpu
+            if total > 0:
+                self._kv_blocks[config_id] = total
+                return
 
     def add(self, config_id: str, entry: FinishedRequest) -> None:
         if self.max_requests <= 0:
