@@ -114,6 +114,7 @@ class EngineState:
     def __init__(self, source: Source, config: JoinerConfig) -> None:
         self.source = source
         self.cfg = config
+        self.seq = 0  # its place among the joiner's engines (the order sweeps visit them)
         self.window_ns = int(config.window_s * 1e9)
         self.watermark = 0  # max wall ns of this engine's records
         forced = config.async_scheduling
