@@ -302,10 +302,15 @@ class EngineState:
             pins.append(first)
             if last != first:
                 pins.append(last)
-        else:
-            _mark(pins, first)
+        else:  # mostly the newest mark already (the step's other anchors set it)
+            top = pins[-1]
+            if top != first:
+                _mark(pins, first)  # (an insert below the newest: top stays the last)
             if last != first:
-                _mark(pins, last)
+                if top < last:
+                    pins.append(last)
+                elif top != last:
+                    _mark(pins, last)
 
     def add_coverage(self, start: int, end: int) -> None:
         """Record that every summary of steps ``start..end`` has been delivered."""
@@ -767,8 +772,20 @@ class EngineState:
             self.finalized.discard(n)
         if i:
             del self.summary_steps[:i]
+        # the anchors below h, found through the starts they pin (an anchor of step k
+        # marked k, k + 1 or k + 2 there, and marks below a purge's h go with it): a few
+        # per purged step, where a walk of the anchor dicts visited the whole window's
+        pins = self.pinnable
+        below = pins[: bisect.bisect_left(pins, h + 2)]
+        for a in self.anchors:
+            for m in below:
+                for k in (m, m - 1, m - 2):
+                    if k < h:
+                        ts = a.pop(k, None)
+                        if ts is not None:
+                            self.n_anchors -= len(ts)
         # a start below h is pinned by nothing left (its summary and anchors are gone)
-        del self.pinnable[: bisect.bisect_left(self.pinnable, h)]
+        del pins[: bisect.bisect_left(pins, h)]
         if len(self.finalized) > len(self.summaries):  # orphans (a cap dropped summaries)
             self.finalized = {n for n in self.finalized if n >= h}
         # ``pending`` is left alone: an entry whose summary is gone pops at its deadline
@@ -777,9 +794,6 @@ class EngineState:
             del self.snapshots[k]
         self.used = {k for k in self.used if k >= h}
         self.shed_steps = {k for k in self.shed_steps if k >= h}
-        for a in self.anchors:
-            for k in [k for k in a if k < h]:
-                self.n_anchors -= len(a.pop(k))
         self.starts.forget_below(h)
         hb = h >> BUCKET_BITS
         for b in [b for b in self.lives if b < hb]:

@@ -437,11 +437,14 @@ class StepStarts:
         wait need not ask again."""
         cal, k = self.cal, self.cfg.min_calibration
         d, c = cal.deltas, cal.cross
-        for typ in (0, 1, 2):
-            nd, nc = len(d[typ]), len(c[typ])
-            at_k = 2 if nd >= k else (1 if nc >= 4 * k else 0)
-            at_m = 2 if nd >= m else (1 if nc >= 4 * m else 0)
-            if at_k != at_m:
+        for typ in (0, 1, 2):  # (m < k: the caller's case)
+            nd = len(d[typ])
+            if nd >= k:
+                continue  # summaries calibrated it at both
+            if nd >= m:
+                return True  # at m only
+            nc = len(c[typ])  # neither: the cross-calibration decides at both
+            if (nc >= 4 * k) != (nc >= 4 * m):
                 return True
         return False
 
