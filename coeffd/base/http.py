@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import operator
 import socket
 import ssl
@@ -43,13 +44,13 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import structlog
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from coeffd.base.tlsdoor import ACCEPT_BATCH, ACCEPT_PAUSE, TlsDoor
+from coeffd.base.tlsdoor import Acceptor, TlsDoor
 
 if TYPE_CHECKING:
     from coeffd.base.security import Gate
@@ -201,6 +202,8 @@ class _Protocol(RequestHandler):
         self.lane = manager
         #: when a plain connection held silent was accepted (None: not held)
         self.accepted: float | None = None
+        #: holds a slot of the cap (False once cut for a newcomer: the slot is its)
+        self.counted = False
 
     def handle_error(
         self,
@@ -224,188 +227,154 @@ class _Protocol(RequestHandler):
 
 
 class _Manager(web.Server):
-    """aiohttp's low-level server (the protocol factory), plus the connection cap and the
-    request deadline of :class:`HttpServer`.
+    """aiohttp's low-level server (the protocol factory) of one loop, plus the cap's and
+    the request deadline's bookkeeping of its connections.
 
     Plain (non-TLS) connections are accepted here, not by ``loop.create_server``: one
     that has sent nothing yet is held as a bare socket (a selector entry and a dict
     entry, no protocol, no task) and handed to aiohttp when its first bytes arrive —
     which stay in the kernel's buffer, so nothing is lost or reordered. Held sockets
     count for the cap, are candidates of :meth:`HttpServer.victim` with their accept time
-    and are cut at the same deadline as a connection waiting for its request."""
+    and are cut at the same deadline as a connection waiting for its request.
+
+    ``held``, ``waiting`` (inserts) and ``slots`` change only under the server's
+    ``lock``: another loop's accept may cut one of them for its newcomer, and a held
+    socket is closed only by this loop after leaving ``held`` — so under the lock a held
+    socket of any loop is still open and may be peeked at."""
 
     def __init__(self, owner: HttpServer, **kwargs: Any) -> None:
         super().__init__(owner.dispatch, **kwargs)
         self.owner = owner
         #: connections waiting for (or still reading) a request → since when
-        self.waiting: dict[RequestHandler, float] = {}
-        #: silent plain connections not handed to aiohttp yet → accepted at
+        self.waiting: dict[_Protocol, float] = {}
+        #: silent plain connections not handed to aiohttp yet → accepted at; insertion
+        #: order is accept order, so the oldest is the first and the newest the last
         self.held: dict[socket.socket, float] = {}
-        #: connections handed to aiohttp whose ``connection_made`` has not run yet, and
-        #: the one being accepted (its slot reserved while the cap decides)
-        self.handing = 0
+        #: connections of this loop that hold a slot of the cap: held, waiting, busy, and
+        #: those on their way from ``held`` to aiohttp
+        self.slots = 0
+        #: accepted in the current batch: their readers are added once the batch is
+        #: done, so that the ones a burst cuts again at once never enter the selector
+        self._fresh: set[socket.socket] = set()
 
-    def __call__(self) -> RequestHandler:
+    def __call__(self) -> _Protocol:
         return _Protocol(self.owner, self, loop=self._loop, **self._kwargs)
 
-    def count(self) -> int:
-        """Open connections of this loop."""
-        return len(self._connections) + len(self.held) + self.handing
+    def ends(self) -> tuple[int, tuple[float, Conn] | None, tuple[float, Conn] | None]:
+        """(candidates, (since, oldest), (since, newest)) of the cap here (under the lock).
 
-    def waiting_since(self) -> list[tuple[RequestHandler | socket.socket, float]]:
-        """(connection, since) of the connections waiting for a request here (any thread)."""
-        out: list[tuple[RequestHandler | socket.socket, float]] = []
-        out += self.waiting.items()  # one C call each: atomic under the GIL
-        out += self.held.items()
-        return out
+        Held sockets are in accept order: their ends cost nothing however many a flood
+        holds. Waiting connections are not (one handed over from ``held`` keeps its
+        accept time), so they are scanned, by ``min`` and ``max`` in C."""
+        held, waiting = self.held, self.waiting
+        lo: tuple[float, Conn] | None = None
+        hi: tuple[float, Conn] | None = None
+        if held:
+            first = next(iter(held))
+            last = next(reversed(held))
+            lo, hi = (held[first], first), (held[last], last)
+        if waiting:
+            w_lo = min(waiting.items(), key=_since)
+            w_hi = max(waiting.items(), key=_since)
+            if lo is None or w_lo[1] < lo[0]:
+                lo = (w_lo[1], w_lo[0])
+            if hi is None or w_hi[1] > hi[0]:
+                hi = (w_hi[1], w_hi[0])
+        return len(held) + len(waiting), lo, hi
 
-    def cut(self, handler: RequestHandler | socket.socket) -> bool:
-        """Close ``handler``'s connection (from any thread); False if it no longer waits
-        (another loop's accept cut it first, or its request arrived)."""
-        if isinstance(handler, socket.socket):
-            if self.held.pop(handler, None) is None:
-                return False
-            self._on_loop(lambda: self._drop(handler))
-            return True
-        if self.waiting.pop(handler, None) is None:
-            return False
-        transport = self._connections.get(handler)
-
-        def close() -> None:
-            handler.force_close()
-            if transport is not None:
-                transport.abort()
-
-        self._on_loop(close)
-        return True
-
-    def _on_loop(self, fn: Callable[[], None]) -> None:
-        try:
-            if asyncio.get_running_loop() is self._loop:
-                fn()
-                return
-        except RuntimeError:
-            pass
-        with contextlib.suppress(RuntimeError):
+    def on_loop(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on this manager's loop (from another loop's thread)."""
+        with contextlib.suppress(RuntimeError):  # that loop is closing
             self._loop.call_soon_threadsafe(fn)
 
     def _drop(self, sock: socket.socket) -> None:
-        """Close a held socket (on the loop, after it left ``held``)."""
-        with contextlib.suppress(ValueError, OSError):
-            self._loop.remove_reader(sock.fileno())
+        """Close a socket that left ``held`` (on the loop)."""
+        if sock in self._fresh:
+            self._fresh.discard(sock)  # never watched: no selector entry to remove
+        else:
+            with contextlib.suppress(ValueError, OSError):
+                self._loop.remove_reader(sock.fileno())
         sock.close()
+
+    def _abort(self, handler: _Protocol) -> None:
+        """Close a connection handed to aiohttp (on the loop)."""
+        transport = self._connections.get(handler)
+        handler.force_close()
+        if transport is not None:
+            transport.abort()
 
     # ------------------------------------------------------------ plain accepting
 
     def open(self, listener: socket.socket) -> Callable[[], None]:
         """Accept plain connections on ``listener`` from this (running) loop; returns
         what stops it and closes the held sockets."""
-        fd = listener.fileno()
-        self._loop.add_reader(fd, self._accept, listener)
+        acceptor = Acceptor(self._loop, listener, self._take, self._settle)
+        acceptor.start()
 
         def close() -> None:
-            with contextlib.suppress(ValueError, OSError):
-                self._loop.remove_reader(fd)
-            listener.close()
-            for sock in list(self.held):
-                if self.held.pop(sock, None) is not None:
-                    self._drop(sock)
+            acceptor.close()
+            with self.owner.lock:
+                socks = list(self.held)
+                self.held.clear()
+                self.slots -= len(socks)
+            for sock in socks:
+                self._drop(sock)
 
         return close
 
-    def _accept(self, listener: socket.socket) -> None:
-        owner = self.owner
-        for _ in range(ACCEPT_BATCH):
-            try:
-                sock, addr = listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return  # another loop took it, or the queue is empty
-            except OSError as e:  # EMFILE/ENFILE/ENOBUFS: wait instead of spinning
-                if listener.fileno() == -1:
-                    return
-                log.warning("accept failed; pausing", error=str(e), seconds=ACCEPT_PAUSE)
-                self._loop.remove_reader(listener.fileno())
-                self._loop.call_later(ACCEPT_PAUSE, self._resume, listener)
-                return
-            sock.setblocking(False)
-            peer = str(addr[0]) if isinstance(addr, tuple) and addr else ""
-            cap = owner.max_connections
-            # The new connection's slot is reserved first (counted, not a candidate), so
-            # that another loop accepting meanwhile sees it taken: a slot freed by our
-            # cut is not also given to that loop's newcomer.
-            self.handing += 1
-            if cap and owner.connections() > cap:
-                victim = self._victim(cap)
-                while victim is not None and not victim[0].cut(victim[1]):
-                    victim = self._victim(cap)  # taken meanwhile by another loop
-                if victim is not None:
-                    owner.refused(503, "idle connection cut for a new one", peer)
-                elif owner.connections() > cap:
-                    self.handing -= 1
-                    with contextlib.suppress(OSError):
-                        sock.send(
-                            b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n"
-                            b"Content-Length: 0\r\nConnection: close\r\n\r\n"
-                        )
-                    sock.close()
-                    owner.refused(503, "too many connections", peer)
-                    continue
-            self.held[sock] = time.monotonic()
-            self.handing -= 1  # after: the slot is never seen free in between
-            self._loop.add_reader(sock.fileno(), self._first_bytes, sock)
+    def _take(self, sock: socket.socket, peer: str) -> None:
+        cut = self.owner.admit(self, sock)
+        if cut is None:
+            with contextlib.suppress(OSError):
+                sock.send(_BUSY)
+            sock.close()
+            self.owner.refused(503, "too many connections", peer)
+            return
+        self._fresh.add(sock)
+        if cut:
+            self.owner.refused(503, "idle connection cut for a new one", peer)
 
-    def _victim(self, cap: int) -> tuple[_Manager, RequestHandler | socket.socket] | None:
-        """:meth:`HttpServer.victim`, but a held socket of this loop whose bytes have
-        arrived (not read yet: the accepts of a burst run before its reader callback) is
-        not silent: it is handed to aiohttp now and the choice made again. A probe that
-        connected amid a flood and sent its request at once is thus not "the burst's
-        newest". None: nothing to cut (or a held one turned out closed, freeing a slot)."""
-        while True:
-            victim = self.owner.victim()
-            if victim is None or victim[0] is not self:
-                return victim
-            sock = victim[1]
-            if not isinstance(sock, socket.socket):
-                return victim
-            try:
-                sock.recv(1, socket.MSG_PEEK)  # bytes, or b"": closed
-            except (BlockingIOError, InterruptedError):
-                return victim  # silent
-            except OSError:
-                return victim
-            self._first_bytes(sock)  # hands it over (or drops it if closed)
-            if self.owner.connections() <= cap:  # (ours counted) it was closed: room
-                return None
-
-    def _resume(self, listener: socket.socket) -> None:
-        if listener.fileno() != -1:  # not closed meanwhile (stopping)
-            self._loop.add_reader(listener.fileno(), self._accept, listener)
+    def _settle(self) -> None:
+        """After a batch of accepts: watch those of its sockets still held."""
+        held = self.held
+        for sock in self._fresh:
+            if sock in held:
+                self._loop.add_reader(sock.fileno(), self._first_bytes, sock)
+        self._fresh.clear()
 
     def _first_bytes(self, sock: socket.socket) -> None:
-        held = self.held.pop(sock, None)
-        self._loop.remove_reader(sock.fileno())
-        if held is None:
-            return  # cut meanwhile (its close is queued)
-        try:
-            closed = sock.recv(1, socket.MSG_PEEK) == b""
-        except (BlockingIOError, InterruptedError):  # a spurious wake-up: hold it again
-            self.held[sock] = held
-            self._loop.add_reader(sock.fileno(), self._first_bytes, sock)
-            return
-        except OSError:
-            closed = True
-        if closed:  # gone before its first byte: no aiohttp machinery for it
+        got = _peek(sock)
+        if got is None:
+            return  # a spurious wake-up: still held, still watched
+        with self.owner.lock:
+            since = self.held.pop(sock, None)
+            if since is not None and not got:
+                self.slots -= 1
+        with contextlib.suppress(ValueError, OSError):
+            self._loop.remove_reader(sock.fileno())
+        if since is None:
+            return  # cut meanwhile (its close or hand-over is queued)
+        if not got:  # gone before its first byte: no aiohttp machinery for it
             sock.close()
             return
+        self.hand_over(sock, since)
+
+    def hand_over(self, sock: socket.socket, since: float) -> None:
+        """Give aiohttp a socket that left ``held`` with its slot (on the loop)."""
+        if sock in self._fresh:
+            self._fresh.discard(sock)
+        else:
+            with contextlib.suppress(ValueError, OSError):
+                self._loop.remove_reader(sock.fileno())
         handler = _Protocol(self.owner, self, loop=self._loop, **self._kwargs)
-        handler.accepted = held
+        handler.accepted = since
+        handler.counted = True
         made: list[bool] = []
 
         def protocol() -> _Protocol:
             made.append(True)  # from here asyncio's transport owns (and closes) the socket
             return handler
 
-        self.handing += 1
         task = self._loop.create_task(self._loop.connect_accepted_socket(protocol, sock))
         task.add_done_callback(lambda t: self._handed(t, handler, sock, bool(made)))
 
@@ -413,62 +382,90 @@ class _Manager(web.Server):
         self, task: asyncio.Task[Any], handler: _Protocol, sock: socket.socket, made: bool
     ) -> None:
         """After a hand-over: if it failed or was cancelled (stopping) before aiohttp
-        took the connection, it is counted no more (and its socket is closed)."""
+        took the connection, its slot is freed (and its socket closed)."""
         if not task.cancelled():
             task.exception()  # retrieved: the transport's own failure, nothing to add
         if handler.accepted is None:
             return  # connection_made ran
         if task.cancelled() or task.exception() is not None:
             handler.accepted = None
-            self.handing = max(0, self.handing - 1)
+            self._release(handler)
             if not made:
                 sock.close()
 
+    def _release(self, handler: _Protocol) -> None:
+        with self.owner.lock:
+            self.waiting.pop(handler, None)
+            if handler.counted:
+                handler.counted = False
+                self.slots -= 1
+
     def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
-        if isinstance(handler, _Protocol) and handler.accepted is not None:
+        assert isinstance(handler, _Protocol)
+        if handler.accepted is not None:
             # handed over by the plain door: admitted (cap, victim) at its accept
             since, handler.accepted = handler.accepted, None
-            self.handing = max(0, self.handing - 1)
             super().connection_made(handler, transport)
-            self.waiting[handler] = since
+            with self.owner.lock:
+                if handler.counted:  # not cut on its way here
+                    self.waiting[handler] = since
             return
-        cap = self.owner.max_connections
-        if cap and self.owner.connections() >= cap:
-            victim = self.owner.victim()
-            if victim is not None:
-                victim[0].cut(victim[1])
-                self.owner.refused(503, "idle connection cut for a new one", _peer(transport))
-            else:
-                with contextlib.suppress(Exception):
-                    transport.write(
-                        b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n"
-                        b"Content-Length: 0\r\nConnection: close\r\n\r\n"
-                    )
-                transport.close()
-                handler.force_close()
-                self.owner.refused(503, "too many connections", _peer(transport))
+        cut = self.owner.admit(self, handler)
+        if cut is None:
+            with contextlib.suppress(Exception):
+                transport.write(_BUSY)
+            transport.close()
+            handler.force_close()
+            self.owner.refused(503, "too many connections", _peer(transport))
+        elif cut:
+            self.owner.refused(503, "idle connection cut for a new one", _peer(transport))
         super().connection_made(handler, transport)
-        self.waiting[handler] = time.monotonic()
 
     def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
-        self.waiting.pop(handler, None)
+        assert isinstance(handler, _Protocol)
+        self._release(handler)
         super().connection_lost(handler, exc)
 
     def reap(self, deadline: float) -> None:
         """Cut the connections whose request has not arrived whole since ``deadline``."""
-        for handler, since in list(self.waiting.items()):
-            if since < deadline:
-                del self.waiting[handler]
-                handler.force_close()
-                transport = self._connections.get(handler)
-                if transport is not None:
-                    transport.abort()
-        for sock, since in list(self.held.items()):
-            if since < deadline and self.held.pop(sock, None) is not None:
-                self._drop(sock)
+        with self.owner.lock:
+            late = [h for h, since in self.waiting.items() if since < deadline]
+            for handler in late:
+                del self.waiting[handler]  # its slot is freed by connection_lost
+            overdue: list[socket.socket] = []
+            for sock, since in self.held.items():  # oldest first
+                if since >= deadline:
+                    break
+                overdue.append(sock)
+            for sock in overdue:
+                del self.held[sock]
+            self.slots -= len(overdue)
+        for handler in late:
+            self._abort(handler)
+        for sock in overdue:
+            self._drop(sock)
 
+
+#: A connection the cap counts and may cut: a held socket or aiohttp's handler.
+Conn: TypeAlias = "socket.socket | _Protocol"
 
 _since = operator.itemgetter(1)
+
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n"
+    b"Content-Length: 0\r\nConnection: close\r\n\r\n"
+)
+
+
+def _peek(sock: socket.socket) -> bytes | None:
+    """The first byte waiting on ``sock`` without taking it, b"" if the peer closed it,
+    None if it is silent."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK)
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError:
+        return b""
 
 
 def _peer(transport: asyncio.BaseTransport) -> str:
@@ -556,6 +553,8 @@ class HttpServer:
         self._port = int(self._sock.getsockname()[1])
         self.stopping = False
         self._lanes = [_Lane() for _ in range(max(1, loops))]
+        #: the cap's bookkeeping over every loop (:meth:`admit`, :class:`_Manager`)
+        self.lock = threading.Lock()
         self._door = (
             None
             if ssl_context is None
@@ -593,8 +592,8 @@ class HttpServer:
             lane.thread.start()
             started.wait(10.0)
 
-    def victim(self) -> tuple[_Manager, RequestHandler | socket.socket] | None:
-        """The connection the cap cuts for a new one, over every loop: the one waiting
+    def victim(self) -> tuple[_Manager, Conn] | None:
+        """The connection the cap cuts (the caller holds ``lock``) for a new one, over every loop: the one waiting
         longest for its request, unless a burst is on — at least ``BURST`` connections
         that arrived less than ``cut_grace`` ago are waiting, none has waited longer — then
         the newest of them.
@@ -610,37 +609,90 @@ class HttpServer:
         an attacker connecting between a client's connect and its request's first bytes
         (a window of a round trip, or of the client's own scheduling) cuts it — as a
         burst of ``max_connections`` in that window did before."""
-        # The burst's choice applies only when every waiting connection is young (the
-        # oldest is), so the young ones are all of them and their newest is the newest:
-        # min() and max() per loop, in C, instead of a Python loop per connection (this
-        # runs for each connection accepted over the cap, up to one per connection of a
-        # flood).
         young = time.monotonic() - self.cut_grace
-        oldest: tuple[float, _Manager, RequestHandler | socket.socket] | None = None
-        newest: tuple[float, _Manager, RequestHandler | socket.socket] | None = None
+        oldest: tuple[float, _Manager, Conn] | None = None
+        newest: tuple[float, _Manager, Conn] | None = None
         total = 0
         for lane in self._lanes:
             manager = lane.manager
             if manager is None:
                 continue
-            waiting = manager.waiting_since()
-            if not waiting:
-                continue
-            total += len(waiting)
-            lo = min(waiting, key=_since)
-            hi = max(waiting, key=_since)
-            if oldest is None or lo[1] < oldest[0]:
-                oldest = (lo[1], manager, lo[0])
-            if newest is None or hi[1] > newest[0]:
-                newest = (hi[1], manager, hi[0])
+            n, lo, hi = manager.ends()
+            total += n
+            if lo is not None and (oldest is None or lo[0] < oldest[0]):
+                oldest = (lo[0], manager, lo[1])
+            if hi is not None and (newest is None or hi[0] > newest[0]):
+                newest = (hi[0], manager, hi[1])
         if oldest is None or newest is None:
             return None
+        # The burst's choice applies only when every waiting connection is young (the
+        # oldest is), so the young ones are all of them and their newest is the newest.
         pick = newest if oldest[0] >= young and total >= BURST else oldest
         return pick[1], pick[2]
 
+    def admit(self, manager: _Manager, conn: Conn) -> bool | None:
+        """Give ``conn``, new on ``manager``'s loop, a slot of the cap: a free one (False),
+        else the one of a connection cut for it (True); None: every connection is busy,
+        ``conn`` is not admitted.
+
+        Choosing, cutting and admitting are one step under ``lock`` whichever loop runs
+        it, so the cap is never passed, not even for a moment: a slot freed by a cut goes
+        to one newcomer, and two loops never cut the same victim for two. A held socket
+        chosen is peeked at first, whichever loop holds it: one whose first bytes have
+        arrived (a client that connected amid a flood and sent its request at once, its
+        loop busy) is not silent — it keeps its slot and is handed to aiohttp on its own
+        loop, and the choice is made again; one its client closed frees its slot."""
+        after: list[tuple[_Manager, Callable[[], None]]] = []
+        cut: bool | None = False
+        cap = self.max_connections
+        with self.lock:
+            while cap and self._slots() >= cap:
+                pick = self.victim()
+                if pick is None:
+                    cut = None
+                    break
+                owner, victim = pick
+                if isinstance(victim, _Protocol):
+                    del owner.waiting[victim]
+                    victim.counted = False
+                    owner.slots -= 1
+                    after.append((owner, functools.partial(owner._abort, victim)))
+                    cut = True
+                    break
+                got = _peek(victim)
+                since = owner.held.pop(victim)
+                if got:
+                    after.append((owner, functools.partial(owner.hand_over, victim, since)))
+                    continue  # it keeps its slot: choose again
+                owner.slots -= 1
+                after.append((owner, functools.partial(owner._drop, victim)))
+                if got is None:
+                    cut = True
+                    break
+                # closed by its client: its slot is free
+            if cut is not None:
+                manager.slots += 1
+                now = time.monotonic()
+                if isinstance(conn, _Protocol):
+                    conn.counted = True
+                    manager.waiting[conn] = now
+                else:
+                    manager.held[conn] = now
+        for owner, fn in after:
+            if owner is manager:  # admit runs on the newcomer's loop
+                fn()
+            else:
+                owner.on_loop(fn)
+        return cut
+
     def connections(self) -> int:
-        """Open connections over every loop (the cap's count)."""
-        return sum(lane.manager.count() for lane in self._lanes if lane.manager is not None)
+        """Connections holding a slot of the cap, over every loop (one cut for a newcomer
+        holds none, though its close may be a loop turn away)."""
+        with self.lock:  # a slot moving between loops is counted once
+            return self._slots()
+
+    def _slots(self) -> int:
+        return sum(lane.manager.slots for lane in self._lanes if lane.manager is not None)
 
     def _run(self, lane: _Lane, started: threading.Event) -> None:
         loop = asyncio.new_event_loop()
@@ -770,8 +822,9 @@ class HttpServer:
             body = await self._body(request, ctype, client)
         except _Refused as r:
             return r.response
-        if manager is not None and isinstance(proto, RequestHandler):
-            manager.waiting.pop(proto, None)  # the request is here: no deadline while handled
+        if manager is not None and isinstance(proto, _Protocol):
+            with self.lock:
+                manager.waiting.pop(proto, None)  # the request is here: no deadline while handled
         req = Request(
             method=request.method,
             path=path,
@@ -792,8 +845,10 @@ class HttpServer:
             resp = Response.text(500, "internal error")
             if self.error_response is not None:
                 resp = self.error_response(500, "internal error", ctype)
-        if manager is not None and isinstance(proto, RequestHandler) and not proto._force_close:
-            manager.waiting[proto] = time.monotonic()  # now waiting for the next one
+        if manager is not None and isinstance(proto, _Protocol) and not proto._force_close:
+            with self.lock:
+                if proto.counted:  # not cut meanwhile (a second cut would free no slot)
+                    manager.waiting[proto] = time.monotonic()  # waiting for the next one
         return _web(resp)
 
     def _admit(

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import structlog
 
-__all__ = ["TlsDoor"]
+__all__ = ["ACCEPT_BATCH", "ACCEPT_PAUSE", "Acceptor", "TlsDoor"]
 
 log = structlog.get_logger(__name__)
 
@@ -36,6 +36,70 @@ log = structlog.get_logger(__name__)
 ACCEPT_BATCH = 64
 #: Seconds accepting pauses after the process ran out of file descriptors.
 ACCEPT_PAUSE = 1.0
+
+
+class Acceptor:
+    """Accepts connections on a listening socket from one loop, for the plain door of
+    :mod:`coeffd.base.http` and the TLS door alike: ``take(sock, peer)`` gets each
+    (non-blocking) socket, ``settle()`` runs once after each batch.
+
+    A burst is taken ``ACCEPT_BATCH`` at a time so the loop's other work runs between
+    batches; when the process runs out of descriptors (EMFILE, ENFILE, ENOBUFS)
+    accepting pauses for ``ACCEPT_PAUSE`` instead of spinning on a listener that stays
+    readable."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        listener: socket.socket,
+        take: Callable[[socket.socket, str], None],
+        settle: Callable[[], None] | None = None,
+    ) -> None:
+        self.loop = loop
+        self.listener = listener
+        self._fd = listener.fileno()
+        # socket.accept() looks the listener's family and type up as enums for every
+        # socket it makes: a third of the cost of an accept a flood's cut closes at once
+        self._kind = (int(listener.family), int(listener.type), listener.proto)
+        self._take = take
+        self._settle = settle
+
+    def start(self) -> None:
+        """Accept from the loop (which must be this thread's, running or about to)."""
+        self.loop.add_reader(self._fd, self._ready)
+
+    def close(self) -> None:
+        """Stop accepting and close the listener (on the loop)."""
+        with contextlib.suppress(ValueError, OSError):
+            self.loop.remove_reader(self._fd)
+        self.listener.close()
+
+    def _ready(self) -> None:
+        listener = self.listener
+        family, kind, proto = self._kind
+        try:
+            for _ in range(ACCEPT_BATCH):
+                try:
+                    fd, addr = listener._accept()  # type: ignore[attr-defined]
+                except (BlockingIOError, InterruptedError):
+                    return  # another loop took it, or the queue is empty
+                except OSError as e:
+                    if listener.fileno() == -1:
+                        return  # closed: stopping
+                    log.warning("accept failed; pausing", error=str(e), seconds=ACCEPT_PAUSE)
+                    self.loop.remove_reader(self._fd)
+                    self.loop.call_later(ACCEPT_PAUSE, self._resume)
+                    return
+                sock = socket.socket(family, kind, proto, fd)
+                sock.setblocking(False)
+                self._take(sock, str(addr[0]) if isinstance(addr, tuple) and addr else "")
+        finally:
+            if self._settle is not None:
+                self._settle()
+
+    def _resume(self) -> None:
+        if self.listener.fileno() != -1:  # not closed meanwhile (stopping)
+            self.loop.add_reader(self._fd, self._ready)
 
 
 @dataclass(slots=True)
@@ -81,12 +145,18 @@ class TlsDoor:
         """Accept on ``listener`` from the running loop; returns what stops it (and
         drops this loop's pending connections)."""
         loop = asyncio.get_running_loop()
-        fd = listener.fileno()
-        loop.add_reader(fd, self._accept, loop, listener, factory)
+
+        def take(sock: socket.socket, peer: str) -> None:
+            with self._lock:
+                self._silent[sock] = _Held(time.monotonic(), loop, peer)
+            loop.add_reader(sock.fileno(), self._first_bytes, loop, sock, factory)
+            self._over_cap()
+
+        acceptor = Acceptor(loop, listener, take)
+        acceptor.start()
 
         def close() -> None:
-            loop.remove_reader(fd)
-            listener.close()
+            acceptor.close()
             with self._lock:
                 mine = [
                     s for s, h in (*self._silent.items(), *self._shaking.items()) if h.loop is loop
@@ -95,38 +165,6 @@ class TlsDoor:
                 self._cut(sock, None)
 
         return close
-
-    def _accept(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        listener: socket.socket,
-        factory: Callable[[], asyncio.BaseProtocol],
-    ) -> None:
-        for _ in range(ACCEPT_BATCH):
-            try:
-                sock, addr = listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return  # another loop took it, or the queue is empty
-            except OSError as e:  # EMFILE/ENFILE/ENOBUFS: wait instead of spinning
-                log.warning("accept failed; pausing", error=str(e), seconds=ACCEPT_PAUSE)
-                loop.remove_reader(listener.fileno())
-                loop.call_later(ACCEPT_PAUSE, self._resume, loop, listener, factory)
-                return
-            sock.setblocking(False)
-            peer = str(addr[0]) if isinstance(addr, tuple) and addr else ""
-            with self._lock:
-                self._silent[sock] = _Held(time.monotonic(), loop, peer)
-            loop.add_reader(sock.fileno(), self._first_bytes, loop, sock, factory)
-            self._over_cap()
-
-    def _resume(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        listener: socket.socket,
-        factory: Callable[[], asyncio.BaseProtocol],
-    ) -> None:
-        if listener.fileno() != -1:  # not closed meanwhile (stopping)
-            loop.add_reader(listener.fileno(), self._accept, loop, listener, factory)
 
     def _first_bytes(
         self,

@@ -8,6 +8,7 @@ for the connection cap, are cut by it and by the request deadline, and a busy ca
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
@@ -16,7 +17,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from coeffd.base.http import HttpServer, Request, Response, Router, _Manager
+from coeffd.base.http import BURST, HttpServer, Request, Response, Router, _Manager
 from tests.support.sockets import peek_closed
 
 
@@ -257,3 +258,58 @@ def test_a_handed_over_connection_keeps_the_deadline_of_its_accept(server: HttpS
             assert s.recv(1) == b""
         # cut near 1.5 s after the accept; from the hand-over it would be 2.3 s or more
         assert time.monotonic() - started < 2.2
+
+
+def _blocked(loop: asyncio.AbstractEventLoop) -> threading.Event:
+    """Block ``loop`` (a callback that waits) until the returned event is set."""
+    running, release = threading.Event(), threading.Event()
+
+    def block() -> None:
+        running.set()
+        release.wait(30)
+
+    loop.call_soon_threadsafe(block)
+    assert running.wait(30)
+    return release
+
+
+def test_a_held_socket_of_another_loop_with_bytes_waiting_is_not_cut_as_silent() -> None:
+    """The cap's victim is chosen over every loop. A held socket of a busy loop whose
+    request has arrived, unread, is no more silent than one of the accepting loop's:
+    it is handed to aiohttp, and the burst's newest silent one is cut instead (the
+    cross-loop cut had closed it unpeeked, and the client's request was reset)."""
+    cap = BURST + 2
+    s = HttpServer("127.0.0.1", 0, _router(), max_connections=cap, loops=2, cut_grace=600.0)
+    s.start()
+    loops = [lane.loop for lane in s._lanes if lane.loop is not None]
+    managers = [lane.manager for lane in s._lanes if lane.manager is not None]
+    assert len(loops) == len(managers) == 2
+    socks: list[socket.socket] = []
+    releases: list[threading.Event] = []
+    try:
+        releases.append(_blocked(loops[1]))  # loop 0 accepts the first cap's worth
+        socks += [_connect(s) for _ in range(cap - 1)]
+        probe = _connect(s)  # the newest held one
+        _until(lambda: s.connections() == cap, "loop 0 took the connections")
+        releases.append(_blocked(loops[0]))
+        releases[0].set()  # now loop 1 accepts, loop 0 reads nothing
+        probe.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        time.sleep(0.05)  # the request is in the probe's socket buffer, on loop 0
+        socks.append(_connect(s))  # over the cap, accepted by loop 1
+        _until(lambda: len(managers[1].held) == 1, "loop 1 took the newcomer")
+        releases[1].set()
+        answer = b""
+        with contextlib.suppress(ConnectionResetError):
+            answer = _read_all(probe)
+        probe.close()
+        assert answer.startswith(b"HTTP/1.1 200"), "the probe was cut"
+        # the newest silent one paid for the newcomer, the rest are open
+        assert peek_closed(socks[cap - 2])
+        assert not any(peek_closed(c) for c in (*socks[: cap - 2], socks[-1]))
+        assert s.connections() <= cap
+    finally:
+        for r in releases:
+            r.set()
+        for c in socks:
+            c.close()
+        s.stop()
