@@ -17,7 +17,7 @@
  * tests/learners/test_native_fold.py runs both paths on the same streams.
  *
  * fold(x, ys, ws, after, scale, a, b, theta_w, mode, huber, sigma_w, s_ew, g, clip, k,
- *      yhat, xc, cy)
+ *      yhat, xc, cy[, coef, pred])
  *   x        rows: a C-contiguous float64 buffer (m, d) or a list of m lists of d numbers
  *   ys, ws   lists of m floats: targets and weights (ws is not modified)
  *   after    list of m floats: each row's decay after it; scale: the statistics' scale
@@ -30,6 +30,9 @@
  *   yhat     None (ŷ = x θ_w summed here) or a float64 buffer (m,) of the caller's ŷ
  *   xc, cy   None (accumulate here) or writable float64 buffers (m, d) and (m,) for
  *            x·√c and c·y (a and b untouched)
+ *   coef, pred  (optional, both or neither) a float64 buffer (d,) and a writable one (m,):
+ *            the rows' prequential predictions x·coef are written to pred (before the fold)
+ *   ws may be None: every weight 1
  * returns (accumulated, s_ew, n_down, clipped or None, c)
  *   accumulated  False when a row overflows once squared (|x√c| ≥ 1e150 or a non-finite
  *                Σ c·y): then a and b are untouched and the caller filters rows itself
@@ -85,6 +88,8 @@ static int read_rows(PyObject *obj, double *x, Py_ssize_t m, Py_ssize_t d) {
     return 0;
 }
 
+static int get_in(PyObject *obj, Py_buffer *view, Py_ssize_t n, const char *what);
+
 /* A writable C-contiguous float64 buffer of n doubles. */
 static int get_out(PyObject *obj, Py_buffer *view, Py_ssize_t n, const char *what) {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
@@ -114,10 +119,12 @@ static PyObject *list_of(const double *v, Py_ssize_t n) {
 
 static PyObject *fold(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 18) {
-        PyErr_SetString(PyExc_TypeError, "fold: 18 arguments");
+    if (nargs != 18 && nargs != 20) {
+        PyErr_SetString(PyExc_TypeError, "fold: 18 or 20 arguments");
         return NULL;
     }
+    PyObject *coef_o = nargs == 20 ? args[18] : Py_None;
+    PyObject *pred_o = nargs == 20 ? args[19] : Py_None;
     PyObject *xs = args[0], *ys_o = args[1], *ws_o = args[2], *after_o = args[3];
     PyObject *a_o = args[5], *b_o = args[6], *theta_o = args[7], *huber_o = args[9];
     PyObject *yhat_o = args[15], *xc_o = args[16], *cy_o = args[17];
@@ -160,8 +167,32 @@ static PyObject *fold(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     double *y = x + m * d, *w = y + m, *aft = w + m, *c = aft + m, *e = c + m, *z = e + m;
     double *theta = z + m;
     if (read_rows(xs, x, m, d) < 0 || read_floats(ys_o, y, m, "ys") < 0 ||
-        read_floats(ws_o, w, m, "ws") < 0 || read_floats(after_o, aft, m, "after") < 0)
+        read_floats(after_o, aft, m, "after") < 0)
         goto done;
+    if (ws_o == Py_None) {
+        for (Py_ssize_t i = 0; i < m; i++) w[i] = 1.0;
+    } else if (read_floats(ws_o, w, m, "ws") < 0) {
+        goto done;
+    }
+    if (coef_o != Py_None) {
+        /* the prequential predictions x·coef (coefficients as of the last fold) into pred */
+        Py_buffer cv, pv;
+        if (get_in(coef_o, &cv, d, "coef") < 0) goto done;
+        if (get_out(pred_o, &pv, m, "pred") < 0) {
+            PyBuffer_Release(&cv);
+            goto done;
+        }
+        const double *cf = cv.buf;
+        double *P = pv.buf;
+        for (Py_ssize_t i = 0; i < m; i++) {
+            const double *xi = x + i * d;
+            double p = xi[0] * cf[0];
+            for (Py_ssize_t j = 1; j < d; j++) p += xi[j] * cf[j];
+            P[i] = p;
+        }
+        PyBuffer_Release(&cv);
+        PyBuffer_Release(&pv);
+    }
     long n_down = 0;
     if (mode > 0) {
         Py_buffer tv;
@@ -473,53 +504,10 @@ done:
  * from the positive set warm: a bool array or None), step for step, into theta. False
  * when a sub-system is not positive definite or a step is undefined (a NaN): the caller
  * runs the pure version, whose lstsq fallback handles those. */
-static PyObject *nnls(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "nnls: 5 arguments");
-        return NULL;
-    }
-    double tol = PyFloat_AsDouble(args[4]);
-    if (PyErr_Occurred()) return NULL;
-    Py_buffer bv, av, tv, wv;
-    if (PyObject_GetBuffer(args[1], &bv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
-    Py_ssize_t n = bv.len / 8;
-    if (bv.itemsize != 8 || bv.format == NULL || strcmp(bv.format, "d") != 0 || n < 1 ||
-        n > MAX_D) {
-        PyBuffer_Release(&bv);
-        PyErr_SetString(PyExc_ValueError, "nnls: b must be float64 with 1..64 values");
-        return NULL;
-    }
-    if (get_in(args[0], &av, n * n, "nnls a") < 0) {
-        PyBuffer_Release(&bv);
-        return NULL;
-    }
-    if (get_out(args[3], &tv, n, "nnls theta") < 0) {
-        PyBuffer_Release(&bv);
-        PyBuffer_Release(&av);
-        return NULL;
-    }
-    int passive[MAX_D], has_warm = 0;
-    memset(passive, 0, sizeof passive);
-    if (args[2] != Py_None) {
-        if (PyObject_GetBuffer(args[2], &wv, PyBUF_C_CONTIGUOUS) < 0 || wv.len != n) {
-            if (!PyErr_Occurred()) {
-                PyBuffer_Release(&wv);
-                PyErr_SetString(PyExc_ValueError, "nnls: warm must be n bools");
-            }
-            PyBuffer_Release(&bv);
-            PyBuffer_Release(&av);
-            PyBuffer_Release(&tv);
-            return NULL;
-        }
-        for (Py_ssize_t i = 0; i < n; i++) {
-            passive[i] = ((const char *)wv.buf)[i] != 0;
-            has_warm |= passive[i];
-        }
-        PyBuffer_Release(&wv);
-    }
-    const double *a = av.buf, *b = bv.buf;
-    double *theta = tv.buf;
+/* Lawson–Hanson on (a, b) (n×n, n), warm-started from passive[] (modified), into theta;
+ * 0 when a sub-system is not positive definite or a step is undefined. */
+static int nnls_core(const double *a, const double *b, Py_ssize_t n, int *passive, int has_warm,
+                     double tol, double *theta) {
     double grad[MAX_D], z[MAX_D], zs[MAX_D], work[2 * MAX_D * MAX_D];
     Py_ssize_t idx[MAX_D] = {0}, k = 0;
     int ok = 1;
@@ -637,9 +625,165 @@ static PyObject *nnls(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
 #undef GRAD
 out:
+    return ok;
+}
+
+static PyObject *nnls(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "nnls: 5 arguments");
+        return NULL;
+    }
+    double tol = PyFloat_AsDouble(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer bv, av, tv, wv;
+    if (PyObject_GetBuffer(args[1], &bv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+    Py_ssize_t n = bv.len / 8;
+    if (bv.itemsize != 8 || bv.format == NULL || strcmp(bv.format, "d") != 0 || n < 1 ||
+        n > MAX_D) {
+        PyBuffer_Release(&bv);
+        PyErr_SetString(PyExc_ValueError, "nnls: b must be float64 with 1..64 values");
+        return NULL;
+    }
+    if (get_in(args[0], &av, n * n, "nnls a") < 0) {
+        PyBuffer_Release(&bv);
+        return NULL;
+    }
+    if (get_out(args[3], &tv, n, "nnls theta") < 0) {
+        PyBuffer_Release(&bv);
+        PyBuffer_Release(&av);
+        return NULL;
+    }
+    int passive[MAX_D], has_warm = 0;
+    memset(passive, 0, sizeof passive);
+    if (args[2] != Py_None) {
+        if (PyObject_GetBuffer(args[2], &wv, PyBUF_C_CONTIGUOUS) < 0 || wv.len != n) {
+            if (!PyErr_Occurred()) {
+                PyBuffer_Release(&wv);
+                PyErr_SetString(PyExc_ValueError, "nnls: warm must be n bools");
+            }
+            PyBuffer_Release(&bv);
+            PyBuffer_Release(&av);
+            PyBuffer_Release(&tv);
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            passive[i] = ((const char *)wv.buf)[i] != 0;
+            has_warm |= passive[i];
+        }
+        PyBuffer_Release(&wv);
+    }
+    int ok = nnls_core(av.buf, bv.buf, n, passive, has_warm, tol, tv.buf);
     PyBuffer_Release(&bv);
     PyBuffer_Release(&av);
     PyBuffer_Release(&tv);
+    return PyBool_FromLong(ok);
+}
+
+/* refit(xring, yring, i, k, blocks, slot, count, warm, theta) -> bool
+ * learners.evaluation.WindowedRefit.refit by blocks: the information (1/y² weights) of
+ * the k rows appended last to the window's rings (xring float32 (size, d), yring float64
+ * (size,), i the rings' next write index) goes to row slot of blocks (float64 (nb, d·d +
+ * d): [A | b] of each refit's rows); the first count rows of blocks are summed, given the
+ * batch refit's tiny ridge (1e-12 · max(trace, 1e-300) on the diagonal) and solved by the
+ * NNLS above, warm-started from warm (bools or None), into theta. One call instead of
+ * ~20 numpy calls a refit. False when the NNLS declines (the caller refits the window
+ * the pure way; the block is written either way). */
+static PyObject *refit(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "refit: 9 arguments");
+        return NULL;
+    }
+    Py_ssize_t i0 = PyLong_AsSsize_t(args[2]), k = PyLong_AsSsize_t(args[3]);
+    Py_ssize_t slot = PyLong_AsSsize_t(args[5]), count = PyLong_AsSsize_t(args[6]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer xv, yv, bv, tv;
+    if (PyObject_GetBuffer(args[0], &xv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_ND) < 0)
+        return NULL;
+    if (xv.itemsize != 4 || xv.format == NULL || strcmp(xv.format, "f") != 0 || xv.ndim != 2 ||
+        xv.shape[1] < 1 || xv.shape[1] > MAX_D) {
+        PyBuffer_Release(&xv);
+        PyErr_SetString(PyExc_ValueError, "refit: xring must be float32 (size, 1..64)");
+        return NULL;
+    }
+    Py_ssize_t size = xv.shape[0], d = xv.shape[1], row = d * d + d;
+    if (get_in(args[1], &yv, size, "refit yring") < 0) {
+        PyBuffer_Release(&xv);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[4], &bv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&xv);
+        PyBuffer_Release(&yv);
+        return NULL;
+    }
+    Py_ssize_t nb = bv.len / (row * 8);
+    if (get_out(args[8], &tv, d, "refit theta") < 0) {
+        PyBuffer_Release(&xv);
+        PyBuffer_Release(&yv);
+        PyBuffer_Release(&bv);
+        return NULL;
+    }
+    int passive[MAX_D], has_warm = 0, ok = 0;
+    memset(passive, 0, sizeof passive);
+    if (bv.itemsize != 8 || bv.format == NULL || strcmp(bv.format, "d") != 0 ||
+        bv.len != nb * row * 8 || slot < 0 || slot >= nb || count < 1 || count > nb || k < 1 ||
+        k > size || i0 < 0 || i0 > size) {
+        PyErr_SetString(PyExc_ValueError, "refit: blocks, slot, count or k out of range");
+        goto done;
+    }
+    if (args[7] != Py_None) {
+        Py_buffer wv;
+        if (PyObject_GetBuffer(args[7], &wv, PyBUF_C_CONTIGUOUS) < 0) goto done;
+        if (wv.len != d) {
+            PyBuffer_Release(&wv);
+            PyErr_SetString(PyExc_ValueError, "refit: warm must be d bools");
+            goto done;
+        }
+        for (Py_ssize_t j = 0; j < d; j++) {
+            passive[j] = ((const char *)wv.buf)[j] != 0;
+            has_warm |= passive[j];
+        }
+        PyBuffer_Release(&wv);
+    }
+    {
+        const float *X = xv.buf;
+        const double *Y = yv.buf;
+        double *B = bv.buf, *blk = B + slot * row;
+        double x[MAX_D];
+        memset(blk, 0, sizeof(double) * (size_t)row);
+        for (Py_ssize_t r = 0; r < k; r++) {
+            Py_ssize_t at = (i0 - k + r + size) % size;
+            double y = Y[at], w = 1.0 / (y * y), wy = w * y;
+            for (Py_ssize_t j = 0; j < d; j++) x[j] = (double)X[at * d + j];
+            for (Py_ssize_t j = 0; j < d; j++) {
+                double xw = x[j] * w;
+                for (Py_ssize_t l = j; l < d; l++) blk[j * d + l] += xw * x[l];
+                blk[d * d + j] += x[j] * wy;
+            }
+        }
+        for (Py_ssize_t j = 0; j < d; j++)
+            for (Py_ssize_t l = j + 1; l < d; l++) blk[l * d + j] = blk[j * d + l];
+        double a[MAX_D * MAX_D], b[MAX_D];
+        memcpy(a, B, sizeof(double) * (size_t)(d * d));
+        memcpy(b, B + d * d, sizeof(double) * (size_t)d);
+        for (Py_ssize_t q = 1; q < count; q++) {
+            const double *o = B + q * row;
+            for (Py_ssize_t j = 0; j < d * d; j++) a[j] += o[j];
+            for (Py_ssize_t j = 0; j < d; j++) b[j] += o[d * d + j];
+        }
+        double tr = 0.0;
+        for (Py_ssize_t j = 0; j < d; j++) tr += a[j * d + j];
+        double ridge = 1e-12 * (tr > 1e-300 ? tr : 1e-300);
+        for (Py_ssize_t j = 0; j < d; j++) a[j * d + j] += ridge;
+        ok = nnls_core(a, b, d, passive, has_warm, 1e-10, tv.buf);
+    }
+done:
+    PyBuffer_Release(&xv);
+    PyBuffer_Release(&yv);
+    PyBuffer_Release(&bv);
+    PyBuffer_Release(&tv);
+    if (PyErr_Occurred()) return NULL;
     return PyBool_FromLong(ok);
 }
 
@@ -681,6 +825,8 @@ static PyMethodDef methods[] = {
      "The steady pair's error comparison of a chunk of rows (see _fold.c)."},
     {"solve", (PyCFunction)(void (*)(void))solve, METH_FASTCALL,
      "A learner's total information and its Cholesky solve (see _fold.c)."},
+    {"refit", (PyCFunction)(void (*)(void))refit, METH_FASTCALL,
+     "The batch refit by blocks and NNLS (see _fold.c)."},
     {"feed", (PyCFunction)(void (*)(void))feed, METH_FASTCALL,
      "Feed values to a detector's update until it alarms (see _fold.c)."},
     {"nnls", (PyCFunction)(void (*)(void))nnls, METH_FASTCALL,

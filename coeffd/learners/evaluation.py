@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from coeffd.learners import native as _native
 from coeffd.learners.nnls import nnls_fast
 
 __all__ = [
@@ -221,6 +222,19 @@ class _Ring:
     def values(self) -> npt.NDArray[Any]:
         """The values held (storage order, not arrival order)."""
         return self._buf[: self.n]
+
+    def last(self, k: int) -> npt.NDArray[Any]:
+        """The ``k`` values appended last (``k`` ≤ :attr:`n`), oldest first, as a copy.
+
+        >>> r = _Ring(4, dtype=np.float64)
+        >>> r.extend(np.arange(6.0))
+        >>> r.last(3).tolist()
+        [3.0, 4.0, 5.0]
+        """
+        i, size = self._i, len(self._buf)
+        if k <= i:
+            return self._buf[i - k : i].copy()
+        return np.concatenate([self._buf[size - (k - i) :], self._buf[:i]])
 
     def mean(self) -> float:
         return float(self.values().mean(dtype=np.float64)) if self.n else math.nan
@@ -462,6 +476,16 @@ class WindowedRefit:
         self._x = _Ring(window, n_features)
         self._y = _Ring(window, dtype=np.float64)
         self._since = 0
+        # The window's information as a sum of per-refit blocks (the rows learned between
+        # two refits), when the window is a whole number of them: a refit then weighs only
+        # its new rows and adds the blocks, instead of the whole window's product (~10×
+        # the work, every refit). Each row is [A (d×d) | b (d)] of one block.
+        self._block_n = window // refit_every if window % refit_every == 0 else 0
+        d = n_features
+        self._blocks = np.zeros((max(self._block_n, 1), d * d + d))
+        self._block_i = 0  # next block slot
+        self._block_count = 0  # blocks held (≤ _block_n)
+        self._fresh = 0  # rows learned since the last refit
         self.coef: FloatArray = (
             np.zeros(n_features) if initial is None else np.asarray(initial, dtype=float)
         )
@@ -473,6 +497,7 @@ class WindowedRefit:
         self._x.append(x)
         self._y.append(y)
         self._since += 1
+        self._fresh += 1
         if self._since >= self.refit_every:
             self._since = 0
             self.refit()
@@ -480,11 +505,65 @@ class WindowedRefit:
     def refit(self) -> None:
         if not self._y.n:
             return
-        x = self._x.values().astype(np.float64)
-        y = self._y.values()
-        w = 1.0 / (y * y)
-        a = (x * w[:, None]).T @ x
-        b = x.T @ (w * y)
+        k, fresh = self.refit_every, self._fresh
+        self._fresh = 0
+        a = b = None
+        fn = _native.refit
+        if self._block_n and fresh == k and fn is not None and self._x._buf.dtype == np.float32:
+            # the block and the solve below in one call of the compiled fold
+            slot = self._block_i
+            self._block_i = (slot + 1) % self._block_n
+            self._block_count = min(self._block_count + 1, self._block_n)
+            count = self._block_count
+            if count * k == self._y.n:
+                theta = np.empty(len(self.coef))
+                if fn(
+                    self._x._buf,
+                    self._y._buf,
+                    self._x._i,
+                    k,
+                    self._blocks,
+                    slot,
+                    count,
+                    self.coef > 0,
+                    theta,
+                ):
+                    self.coef = theta
+                    return
+            else:  # the block only: the window is not (yet) the blocks
+                fn(
+                    self._x._buf,
+                    self._y._buf,
+                    self._x._i,
+                    k,
+                    self._blocks,
+                    slot,
+                    1,
+                    None,
+                    np.empty(len(self.coef)),
+                )
+        elif self._block_n and fresh == k:
+            # this refit's block: the rows since the last one (the same float32 values)
+            x = self._x.last(k).astype(np.float64)
+            y = self._y.last(k)
+            w = 1.0 / (y * y)
+            d = len(x[0])
+            row = self._blocks[self._block_i]
+            row[: d * d] = ((x * w[:, None]).T @ x).reshape(-1)
+            row[d * d :] = x.T @ (w * y)
+            self._block_i = (self._block_i + 1) % self._block_n
+            self._block_count = min(self._block_count + 1, self._block_n)
+            if self._block_count * k == self._y.n:  # the blocks are the window
+                total = self._blocks[: self._block_count].sum(axis=0)
+                a, b = total[: d * d].reshape(d, d), total[d * d :]
+        else:
+            self._block_count = 0  # out of step with the refits: start the blocks over
+        if a is None or b is None:
+            x = self._x.values().astype(np.float64)
+            y = self._y.values()
+            w = 1.0 / (y * y)
+            a = (x * w[:, None]).T @ x
+            b = x.T @ (w * y)
         # Tiny ridge keeps all-zero / collinear columns at 0 rather than undefined.
         a += np.eye(len(b)) * 1e-12 * max(float(np.trace(a)), 1e-300)
         # warm: the window moves by refit_every rows, its active set rarely (same optimum)
@@ -517,6 +596,19 @@ class WindowedRefit:
         out = np.empty(len(y))
         valid = np.isfinite(y) & (y > 0)
         i, n = 0, len(y)
+        if valid.all():  # the usual batch: segments are plain slices, no index arrays
+            while i < n:
+                end = min(n, i + self.refit_every - self._since)
+                out[i:end] = X[i:end] @ self.coef
+                self._x.extend(X[i:end])
+                self._y.extend(y[i:end])
+                self._since += end - i
+                self._fresh += end - i
+                if self._since >= self.refit_every:
+                    self._since = 0
+                    self.refit()
+                i = end
+            return out
         while i < n:
             # rows up to (and including) the one that triggers the next refit
             need = self.refit_every - self._since
@@ -528,6 +620,7 @@ class WindowedRefit:
             self._x.extend(X[rows])
             self._y.extend(y[rows])
             self._since += len(rows)
+            self._fresh += len(rows)
             if self._since >= self.refit_every:
                 self._since = 0
                 self.refit()

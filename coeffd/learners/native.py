@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["AVAILABLE", "UNAVAILABLE", "compare", "feed", "fold", "nnls", "solve"]
+__all__ = ["AVAILABLE", "UNAVAILABLE", "compare", "feed", "fold", "nnls", "refit", "solve"]
 
 #: ``_fold.fold``, or None.
 fold: Any = None
@@ -35,6 +35,8 @@ solve: Any = None
 nnls: Any = None
 #: ``_fold.feed`` (a drift detector's update over a fold's residuals), or None.
 feed: Any = None
+#: ``_fold.refit`` (the batch refit's block and NNLS), or None.
+refit: Any = None
 #: Why the extension is not used ("" when it is).
 UNAVAILABLE = ""
 
@@ -45,7 +47,7 @@ else:
         from coeffd.learners import _fold  # type: ignore[attr-defined]
 
         fold, compare, solve, nnls = _fold.fold, _fold.compare, _fold.solve, _fold.nnls
-        feed = _fold.feed
+        feed, refit = _fold.feed, _fold.refit
     except ImportError as e:  # not built (no compiler at install time) or another ABI
         UNAVAILABLE = f"compiled fold not importable: {e}"
 

@@ -312,6 +312,10 @@ class RLSRegressor(base.Regressor):
     @property
     def coef(self) -> FloatArray:
         """Unconstrained posterior mean θ = A⁻¹ b (a copy)."""
+        return self._current_theta().copy()
+
+    def _current_theta(self) -> FloatArray:
+        """:attr:`coef` itself, not a copy (callers only read it)."""
         if self._pend_y:
             self._fold()
         if self._theta is None:
@@ -319,7 +323,7 @@ class RLSRegressor(base.Regressor):
             # kept for prediction_coef: the same solve for the same statistics
             self._theta_at, self._theta_last = (self._folded, self._generation), self._theta
             self._theta_ab = (a, b)
-        return self._theta.copy()
+        return self._theta
 
     def nonnegative_coef(self) -> FloatArray:
         """The best non-negative fit to the current (forgetting) statistics."""
@@ -442,9 +446,19 @@ class RLSRegressor(base.Regressor):
         out = np.empty(n)
         i = 0
         k = self.refresh_every
+        whole = X.flags.c_contiguous
         while i < n:
             take = 1 if self.n_learned < _YOUNG_ROWS else max(1, k - self._since_refresh)
             j = min(n, i + take)
+            if j - i == k and whole and not self._pend_y and self._native_ok(k):
+                # a whole fold straight from X (what the steady pair's pieces are): its
+                # predictions made by the compiled fold, no pending rows, no copies
+                self._fold_native(X[i:j], y[i:j], None, self.prediction_coef(nonnegative), out[i:j])
+                self._since_refresh += k
+                self.n_learned += k
+                self._refresh()
+                i = j
+                continue
             x = X[i:j]
             out[i:j] = x @ self.prediction_coef(nonnegative)
             m = j - i
@@ -844,7 +858,12 @@ class RLSRegressor(base.Regressor):
             self.inflate(pol.keep, pol.fast_forgetting, pol.fast_for)
 
     def _fold_native(
-        self, x: FloatArray | list[list[float]], ys: list[float], ws: list[float]
+        self,
+        x: FloatArray | list[list[float]],
+        ys: list[float],
+        ws: list[float] | None,
+        coef: FloatArray | None = None,
+        pred: FloatArray | None = None,
     ) -> None:
         """:meth:`_fold_rows` (``x`` an array) or :meth:`_fold_scalar` (``x`` a list of
         one-value rows) by the compiled fold (``_fold.c``): the per-row scalars are the
@@ -853,7 +872,8 @@ class RLSRegressor(base.Regressor):
         with the pure path at round-off, 1e-9 relative being the contract). The state is
         advanced in the pure path's order, but for the drift monitor, which sees the
         residuals after the statistics took the rows (they do not depend on it; an alarm
-        inflates after the fold either way)."""
+        inflates after the fold either way). ``ws`` None: weights 1; ``coef`` and
+        ``pred``: the rows' predictions ``x coef`` are written to ``pred`` first."""
         first_index = self._folded
         robust = self.weighting == "relative" or self.huber is not None or self.drift is not None
         mode = 0 if not robust else 2 if self.weighting == "relative" else 1
@@ -881,6 +901,7 @@ class RLSRegressor(base.Regressor):
             None,
             None,
             None,
+            *(() if coef is None else (coef, pred)),
         )
         if robust:
             self._sigma_ew = s_ew
@@ -1031,7 +1052,9 @@ class RLSRegressor(base.Regressor):
     def _refresh(self) -> None:
         self._since_refresh = 0
         if self.weighting != "none" or self.huber is not None or self.drift is not None:
-            self._theta_w = self.coef  # only robust/relative weights and drift need θ_w
+            # only robust/relative weights and drift need θ_w (not a copy: θ_w is only
+            # ever replaced, never written into)
+            self._theta_w = self._current_theta()
         self._sigma_w = self._sigma_ew
 
 

@@ -264,7 +264,7 @@ def test_registry_on_simfleet_predicts_and_publishes_as_pure(
     assert len(steps) > 1000 and len(reqs) > 50
     cfg = ServingConfig(model="llama-3.1-8b-instruct", gpu="H100")  # simfleet's engine
 
-    saved = {k: getattr(native, k) for k in ("compare", "solve", "nnls")}
+    saved = {k: getattr(native, k) for k in ("compare", "solve", "nnls", "refit")}
 
     def run(compiled: bool) -> tuple[list[object], object]:
         monkeypatch.setattr(RLSRegressor, "use_native", compiled)
@@ -329,3 +329,29 @@ def test_wide_and_long_folds_take_the_pure_path() -> None:
     for m in (c, p):
         m.learn_many(x2, np.arange(5000.0))
     _assert_close(_state(c), _state(p))
+
+
+def test_batch_refit_by_blocks_as_pure(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch refit's compiled blocks and NNLS against the pure refit of the whole
+    window: the same predictions and coefficients (and active set) within the contract,
+    through a window that fills, wraps and meets a change, with invalid rows skipped."""
+    from coeffd.learners.evaluation import WindowedRefit
+
+    x, y = _steps(4000, seed=5)
+    y[::97] = np.nan  # not learned: the segments are index arrays then
+    refit = native.refit
+
+    def run(compiled: bool) -> tuple[list[float], list[float]]:
+        monkeypatch.setattr(native, "refit", refit if compiled else None)
+        monkeypatch.setattr(native, "nnls", native.nnls if compiled else None)
+        m = WindowedRefit(1000, 100, x.shape[1], initial=BLIS_DEFAULT_BETA)
+        p: list[float] = []
+        for i in range(0, len(y), 137):
+            p.extend(m.learn_many_prequential(x[i : i + 137], y[i : i + 137]).tolist())
+        monkeypatch.undo()
+        return p, m.coef.tolist()
+
+    (pc, cc), (pp, cp) = run(True), run(False)
+    _assert_close(pc, pp, "predictions")
+    _assert_close(cc, cp, "coef")
+    assert [v > 0 for v in cc] == [v > 0 for v in cp] and sum(v > 0 for v in cc) >= 3
