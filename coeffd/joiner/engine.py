@@ -772,18 +772,23 @@ class EngineState:
             self.finalized.discard(n)
         if i:
             del self.summary_steps[:i]
-        # the anchors below h, found through the starts they pin (an anchor of step k
-        # marked k, k + 1 or k + 2 there, and marks below a purge's h go with it): a few
-        # per purged step, where a walk of the anchor dicts visited the whole window's
+        # the anchors below h: found through the starts they pin (an anchor of step k
+        # marked k, k + 1 or k + 2 there, and marks below a purge's h go with it) when
+        # those are fewer than the anchor steps held (a long window: the walk of a dict
+        # visits the whole window's), else by that walk
         pins = self.pinnable
         below = pins[: bisect.bisect_left(pins, h + 2)]
         for a in self.anchors:
-            for m in below:
-                for k in (m, m - 1, m - 2):
-                    if k < h:
-                        ts = a.pop(k, None)
-                        if ts is not None:
-                            self.n_anchors -= len(ts)
+            if 3 * len(below) < len(a):
+                for m in below:
+                    for k in (m, m - 1, m - 2):
+                        if k < h:
+                            ts = a.pop(k, None)
+                            if ts is not None:
+                                self.n_anchors -= len(ts)
+            else:
+                for k in [k for k in a if k < h]:
+                    self.n_anchors -= len(a.pop(k))
         # a start below h is pinned by nothing left (its summary and anchors are gone)
         del pins[: bisect.bisect_left(pins, h)]
         if len(self.finalized) > len(self.summaries):  # orphans (a cap dropped summaries)

@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from dataclasses import dataclass
+
+import msgspec
 
 from coeffd.joiner.starts import BUCKET_BITS, QUEUED, StepStarts
 from coeffd.records.observations import RequestObservation
 
 
-@dataclass(slots=True)
-class LoopWait:
-    """A request observation waiting for the data that explains its QUEUED wait."""
+class LoopWait(msgspec.Struct, gc=False):
+    """A request observation waiting for the data that explains its QUEUED wait.
+
+    Untracked by the cyclic GC (it holds no container): one per request is held for
+    ``loop_wait_delay_s``, and each tracked object is work for every full collection."""
 
     deadline_wall: int
     obs: RequestObservation

@@ -9,7 +9,7 @@ journey/API event reads wall and mono back to back, so equal ``wall - mono`` off
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import msgspec
 
 from coeffd.records.events import (
     ApiEvent,
@@ -25,9 +25,12 @@ from coeffd.records.observations import QueueState, RequestObservation
 EntryKey = tuple[bytes, bytes]  # (trace id, llm_request span id)
 
 
-@dataclass(slots=True)
-class CoreState:
-    """One ``llm_core`` span and the journey events that matter for alpha targets."""
+class CoreState(msgspec.Struct, gc=False):
+    """One ``llm_core`` span and the journey events that matter for alpha targets.
+
+    This and :class:`RequestEntry` are untracked by the cyclic GC (they form no cycle):
+    one of each per request in flight, and each tracked object is work for every
+    collection."""
 
     span: CoreSpan | None = None
     queued: JourneyEvent | None = None
@@ -63,15 +66,14 @@ class CoreState:
         return True
 
 
-@dataclass(slots=True)
-class RequestEntry:
+class RequestEntry(msgspec.Struct, gc=False):
     """Both sides of one traced request (several ``llm_core`` when n > 1)."""
 
     key: EntryKey
     deadline_wall: int
     api: RequestSpan | None = None
-    api_events: dict[ApiKind, ApiEvent] = field(default_factory=dict)
-    cores: dict[bytes, CoreState] = field(default_factory=dict)
+    api_events: dict[ApiKind, ApiEvent] = msgspec.field(default_factory=dict)
+    cores: dict[bytes, CoreState] = msgspec.field(default_factory=dict)
 
     def api_done(self) -> bool:
         ev = self.api_events
