@@ -262,12 +262,15 @@ class RollingError:
 
     def update_many(self, y: FloatArray, yhat: FloatArray) -> None:
         """:meth:`update` for many rows, in order."""
-        err = y - yhat
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rel = np.where(err == 0.0, 0.0, np.abs(err) / np.abs(y))
+        rel, se = _errors(y, yhat)
+        self.update_errors(rel, se)
+
+    def update_errors(self, rel: FloatArray, se: FloatArray) -> None:
+        """:meth:`update_many` of rows whose relative and squared errors are known
+        (:func:`_errors`): a burst's errors are computed once and split by regime."""
         self._ape.extend(rel[np.isfinite(rel)])
-        self._se.extend(err * err)
-        self.n_total += len(y)
+        self._se.extend(se)
+        self.n_total += len(se)
 
     @property
     def mape(self) -> float:
@@ -279,6 +282,15 @@ class RollingError:
 
     def as_dict(self) -> dict[str, float]:
         return {"mape": self.mape, "rmse": self.rmse, "n": float(self._se.n)}
+
+
+def _errors(y: FloatArray, yhat: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """Relative errors ``|y − ŷ| / |y|`` (0 where exact, inf/NaN where ``y`` is 0) and
+    squared errors of rows, as :meth:`RollingError.update` computes them one by one."""
+    err = y - yhat
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(err == 0.0, 0.0, np.abs(err) / np.abs(y))
+    return rel, err * err
 
 
 class Evaluator:
@@ -344,6 +356,40 @@ class Evaluator:
                 self._flush()
                 pending = self._pending
 
+    def add_scored_rows(
+        self, config: str, rows: Sequence[tuple[str, float, float, float | None]]
+    ) -> None:
+        """:meth:`add_scored` of each ``(target, y, learned, default)`` row, in order: a
+        burst of finished requests' scores in one call (the windows are per target and
+        source, so each keeps its rows' order; when they are flushed does not matter)."""
+        pending = self._pending
+        window = self.window
+        isfinite = math.isfinite
+        full = False
+        for target, y, learned, default in rows:
+            if not isfinite(y):
+                continue
+            if isfinite(learned):
+                key = (config, target, "learned", "all")
+                got = pending.get(key)
+                if got is None:
+                    got = pending[key] = ([], [])
+                got[0].append(y)
+                got[1].append(learned)
+                full = full or len(got[0]) >= window
+            if default is not None and isfinite(default):
+                key = (config, target, "blis_default", "all")
+                got = pending.get(key)
+                if got is None:
+                    got = pending[key] = ([], [])
+                got[0].append(y)
+                got[1].append(default)
+                full = full or len(got[0]) >= window
+            if full:  # bounded while nothing reads
+                self._flush()
+                pending = self._pending
+                full = False
+
     def _flush(self) -> None:
         """Put the rows recorded one at a time into their windows (the same windows as
         :meth:`RollingError.update` row by row: :meth:`RollingError.update_many`)."""
@@ -390,7 +436,8 @@ class Evaluator:
             if not every and not ok.any():
                 continue
             ys, ps = (y, yhat) if every else (y[ok], yhat[ok])
-            self._rolling(config, target, source, "all").update_many(ys, ps)
+            rel, se = _errors(ys, ps)  # once, then split by regime
+            self._rolling(config, target, source, "all").update_errors(rel, se)
             if codes is None or masks is None:
                 continue
             if every:
@@ -404,7 +451,7 @@ class Evaluator:
                 reg = names[i]
                 if reg:
                     m = rows[i]
-                    self._rolling(config, target, source, reg).update_many(ys[m], ps[m])
+                    self._rolling(config, target, source, reg).update_errors(rel[m], se[m])
 
     def _rolling(self, config: str, target: str, source: str, regime: str) -> RollingError:
         key = (config, target, source, regime)

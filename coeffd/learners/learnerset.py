@@ -62,6 +62,8 @@ RECENT_ROWS = 256
 #: up to ~1,400 steps at every-step sampling on simfleet), and one must not flip the
 #: choice; a change of journey sampling is followed after ~7,000 steps (a minute or two).
 EXACT_SHARE_MEMORY = 10_000
+#: BLIS's shipped β as an array (every step is scored against it)
+_DEFAULT_BETA = np.asarray(BLIS_DEFAULT_BETA, dtype=np.float64)
 #: BLIS's shipped α by target (each finished request is scored against them)
 _DEFAULT_ALPHA: dict[str, float] = dict(zip(ALPHA_TARGETS, BLIS_DEFAULT_ALPHA, strict=True))
 
@@ -239,9 +241,11 @@ class LearnerSet:
         learned = 0
         for obs in requests:
             k = len(rows)
-            self._request_rows(obs, evaluator, rows)
+            self._request_rows(obs, rows)
             if len(rows) > k:
                 learned += 1
+        if evaluator is not None and rows:
+            evaluator.add_scored_rows(self.config.id, rows)
         if learned:
             self.version += learned
             self.observations += learned
@@ -309,12 +313,16 @@ class LearnerSet:
         else:
             learned = beta.learn_many_prequential(x_all, y_all)
         self._remember(x_all)
-        default = x_all @ np.asarray(BLIS_DEFAULT_BETA)
+        default = x_all @ _DEFAULT_BETA
         extended = np.full(len(ys), np.nan)
         if xe_all is not None:
             xe_all = np.concatenate([x_all, xe_all], axis=1)
             ok = np.isfinite(xe_all).all(axis=1)
-            if ok.any():
+            if ok.all():  # the usual burst: no copies of the rows learned
+                extended = self.learner("beta_extended").learn_many_prequential(
+                    xe_all, y_all, nonnegative=False
+                )
+            elif ok.any():
                 extended[ok] = self.learner("beta_extended").learn_many_prequential(
                     xe_all[ok], y_all[ok], nonnegative=False
                 )
@@ -369,18 +377,18 @@ class LearnerSet:
 
     def _learn_request(self, obs: RequestObservation, evaluator: Evaluator | None) -> list[Scored]:
         rows: list[RequestScore] = []
-        self._request_rows(obs, evaluator, rows)
+        self._request_rows(obs, rows)
+        if evaluator is not None and rows:
+            evaluator.add_scored_rows(self.config.id, rows)
         return RequestScores(rows, 1 if rows else 0).scored()
 
-    def _request_rows(
-        self, obs: RequestObservation, evaluator: Evaluator | None, out: list[RequestScore]
-    ) -> None:
-        """Predict, score and learn one finished request's targets; its scores go to
-        ``out`` (one tuple each: a finished request is learned per observation, and
-        the per-score objects cost as much as the learning)."""
+    def _request_rows(self, obs: RequestObservation, out: list[RequestScore]) -> None:
+        """Predict and learn one finished request's targets; its scores go to ``out``
+        (one tuple each: a finished request is learned per observation, and the
+        per-score objects cost as much as the learning), for the evaluator to take a
+        burst's at once (:meth:`Evaluator.add_scored_rows`)."""
         default = _DEFAULT_ALPHA
         steady = self.settings.steady
-        cid = self.config.id
         # BLIS's α0 is arrival → enqueued; vLLM's QUEUED also waits for the engine loop's
         # next iteration boundary, which BLIS simulates itself: learn α0 without it, and
         # not at all while the joiner cannot estimate it yet.
@@ -406,8 +414,6 @@ class LearnerSet:
             else:
                 learned = m.intercept_prequential()
                 m.learn_intercept(y)
-            if evaluator is not None:
-                evaluator.add_scored(cid, target, y, learned, default[target])
             out.append((target, y, learned, default[target]))
         qs = obs.queue_state
         if obs.queue_wait_us is not None and qs is not None:
@@ -421,8 +427,6 @@ class LearnerSet:
             y = float(obs.queue_wait_us)
             if math.isfinite(y):
                 p = m.predict_prequential(xq, nonnegative=False)
-                if evaluator is not None:
-                    evaluator.add_scored(cid, "queue_wait", y, p, None)
                 out.append(("queue_wait", y, p, None))
             m.learn_one(xq, y)
 

@@ -263,6 +263,27 @@ def test_evaluator_add_scored_is_record_without_a_regime() -> None:
     assert a.summary("c", "w") == b.summary("c", "w")
 
 
+def test_evaluator_rows_of_a_burst_are_add_scored_one_by_one() -> None:
+    """``add_scored_rows``: a burst's request scores in one call, the windows as after
+    ``add_scored`` row by row (past a window's length, NaN and None included)."""
+    from coeffd.learners.evaluation import Evaluator
+
+    rng = np.random.default_rng(4)
+    a, b = Evaluator(window=40), Evaluator(window=40)
+    rows: list[tuple[str, float, float, float | None]] = []
+    for y in [*rng.uniform(0.0, 10.0, 300).tolist(), float("nan")]:
+        rows.append(("t", y, y * 1.1, 2.0))
+        rows.append(("w", y, float("nan") if y > 9.0 else y * 0.9, None))
+    for target, y, p, d in rows:
+        a.add_scored("c", target, y, p, d)
+    for i in range(0, len(rows), 37):
+        b.add_scored_rows("c", rows[i : i + 37])
+    assert a.targets("c") == b.targets("c") == ["t", "w"]
+    for t in ("t", "w"):
+        assert a.summary("c", t) == b.summary("c", t)
+        assert a.summary("c", t)["learned"]["all"]["n"] == 40
+
+
 def test_step_regimes_are_step_regime_row_by_row() -> None:
     """The vectorised regimes of a burst: the same quotients and thresholds, edges
     included (no tokens, exactly at the heavy fraction, KV exactly saturated, NaN KV)."""
