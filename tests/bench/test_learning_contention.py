@@ -1,4 +1,5 @@
-"""bench learning --scenario contention: the statistic of issue 32's step-error target."""
+"""bench learning --scenario contention: the statistic of issue 32's step-error target, and
+the summary-only step rows (the known source of bias) it counts."""
 
 from __future__ import annotations
 
