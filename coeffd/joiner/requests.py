@@ -23,6 +23,8 @@ from coeffd.records.events import (
 from coeffd.records.observations import QueueState, RequestObservation
 
 EntryKey = tuple[bytes, bytes]  # (trace id, llm_request span id)
+_ARRIVED, _FIRST_RESPONSE = ApiKind.ARRIVED, ApiKind.FIRST_RESPONSE_FROM_CORE
+_DEPARTED = ApiKind.DEPARTED
 
 
 class CoreState(msgspec.Struct, gc=False):
@@ -119,7 +121,8 @@ def build_observation(
         return None, "no_api_span"
     if core.span is None:
         return None, "no_core_span"
-    arrived = entry.api_events.get(ApiKind.ARRIVED)
+    ev = entry.api_events
+    arrived = ev.get(_ARRIVED)
     q = core.queued
     if arrived is None:
         return None, "no_arrived"
@@ -127,46 +130,44 @@ def build_observation(
         return None, "no_queued"
     if not same_host(arrived, q, tolerance_ns):
         return None, "different_hosts"
-    ev = entry.api_events
     fin = core.finished
     ft = core.first_token
     streaming = infer_streaming(entry, core)
-    route = entry.api.route
-    fr = ev.get(ApiKind.FIRST_RESPONSE_FROM_CORE)
-    dep = ev.get(ApiKind.DEPARTED)
+    api = entry.api
+    fr = ev.get(_FIRST_RESPONSE)
+    dep = ev.get(_DEPARTED)
     # durations in µs from mono ns, inline (six per request observation)
     ft_to_resp = (
         (fr.mono_ns - ft.mono_ns) / 1e3 if streaming and ft is not None and fr is not None else None
     )
     last = fin or ft or core.scheduled_first or q
     t_arr = arrived.mono_ns
+    sched = core.scheduled_first
+    # positional, in the fields' order (keywords cost a name lookup each, once per
+    # request observation); test_joiner_identity pins the result
     obs = RequestObservation(
-        source=engine_source,
-        request_id=core.span.request_id,
-        arrival_to_queued_us=(q.mono_ns - t_arr) / 1e3,
-        queue_wait_us=(
-            (core.scheduled_first.mono_ns - q.mono_ns) / 1e3
-            if core.scheduled_first is not None
-            else None
-        ),
-        first_token_to_response_us=ft_to_resp,
-        finished_to_departed_us=(
-            (dep.mono_ns - fin.mono_ns) / 1e3 if fin is not None and dep is not None else None
-        ),
-        ttft_us=(ft.mono_ns - t_arr) / 1e3 if ft is not None else None,
-        e2e_us=(dep.mono_ns - t_arr) / 1e3 if dep is not None else None,
-        prompt_tokens=q.prefill_total_tokens,
-        output_tokens=(
+        engine_source,  # source
+        core.span.request_id,  # request_id
+        (q.mono_ns - t_arr) / 1e3,  # arrival_to_queued_us
+        (sched.mono_ns - q.mono_ns) / 1e3 if sched is not None else None,  # queue_wait_us
+        ft_to_resp,  # first_token_to_response_us
+        # finished_to_departed_us
+        (dep.mono_ns - fin.mono_ns) / 1e3 if fin is not None and dep is not None else None,
+        (ft.mono_ns - t_arr) / 1e3 if ft is not None else None,  # ttft_us
+        (dep.mono_ns - t_arr) / 1e3 if dep is not None else None,  # e2e_us
+        q.prefill_total_tokens,  # prompt_tokens
+        (  # output_tokens
             last.decode_done_tokens
-            if fin is not None or entry.api.completion_tokens is None
-            else entry.api.completion_tokens
+            if fin is not None or api.completion_tokens is None
+            else api.completion_tokens
         ),
-        num_preemptions=core.max_preemptions,
-        finish_status=fin.finish_status if fin is not None else None,
-        route=route,
-        streaming=streaming,
-        queue_state=queue_state,
-        api_source=entry.api.span.source,
-        arrival_wall_ns=arrived.wall_ns,
+        core.max_preemptions,  # num_preemptions
+        fin.finish_status if fin is not None else None,  # finish_status
+        api.route,  # route
+        streaming,  # streaming
+        queue_state,  # queue_state
+        api.span.source,  # api_source
+        None,  # queued_loop_wait_us (decided later: Joiner._emit_loop_wait)
+        arrived.wall_ns,  # arrival_wall_ns
     )
     return obs, ""
