@@ -93,6 +93,11 @@ class Acceptor:
                 sock = socket.socket(family, kind, proto, fd)
                 sock.setblocking(False)
                 self._take(sock, str(addr[0]) if isinstance(addr, tuple) and addr else "")
+            # A full batch: more may be queued. The next batch waits a loop turn, so that
+            # the turn's other callbacks (a probe's hand-over, its request) do not each
+            # wait for a batch of a flood first.
+            self.loop.remove_reader(self._fd)
+            self.loop.call_soon(self._resume)
         finally:
             if self._settle is not None:
                 self._settle()
