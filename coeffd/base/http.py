@@ -36,7 +36,6 @@ import asyncio
 import contextlib
 import functools
 import operator
-import queue
 import socket
 import ssl
 import threading
@@ -51,7 +50,7 @@ import structlog
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from coeffd.base.tlsdoor import Acceptor, TlsDoor
+from coeffd.base.tlsdoor import CLOSER, Acceptor, TlsDoor
 
 if TYPE_CHECKING:
     from coeffd.base.security import Gate
@@ -299,7 +298,7 @@ class _Manager(web.Server):
             with contextlib.suppress(ValueError, OSError):
                 self._loop.remove_reader(sock.fileno())
         if self._doomed is None:
-            _CLOSER.close([sock])
+            CLOSER.close([sock])
         else:
             self._doomed.append(sock)
 
@@ -353,7 +352,7 @@ class _Manager(web.Server):
         self._fresh.clear()
         doomed, self._doomed = self._doomed, None
         if doomed:
-            _CLOSER.close(doomed)
+            CLOSER.close(doomed)
 
     def _first_bytes(self, sock: socket.socket) -> None:
         got = _peek(sock)
@@ -468,41 +467,6 @@ _BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n"
     b"Content-Length: 0\r\nConnection: close\r\n\r\n"
 )
-
-
-class _Closer:
-    """Closes sockets on a thread of its own. A connection's close costs its loop 6-17
-    us of kernel time (its FIN sent and taken in by the peer's socket, on loopback in
-    the same call), which a flood over the cap pays for each new connection it cuts;
-    ``close`` lets go of the GIL, so here it runs beside the loops, which only hand
-    over one batch's cut sockets at a time. A socket handed over has left its selector
-    and every table: nothing else touches it, and its descriptor is not reused until
-    the close is done."""
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[list[socket.socket]] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def close(self, socks: list[socket.socket]) -> None:
-        """Close ``socks`` soon, off the calling thread."""
-        if self._thread is None or not self._thread.is_alive():
-            with self._lock:
-                if self._thread is None or not self._thread.is_alive():
-                    self._thread = threading.Thread(
-                        target=self._run, name="coeffd-http-closer", daemon=True
-                    )
-                    self._thread.start()
-        self._queue.put(socks)
-
-    def _run(self) -> None:
-        while True:
-            for sock in self._queue.get():
-                with contextlib.suppress(OSError):
-                    sock.close()
-
-
-_CLOSER = _Closer()
 
 
 def _peek(sock: socket.socket) -> bytes | None:

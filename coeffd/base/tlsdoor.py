@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
 import socket
 import ssl
 import threading
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 
 import structlog
 
-__all__ = ["ACCEPT_BATCH", "ACCEPT_PAUSE", "Acceptor", "TlsDoor"]
+__all__ = ["ACCEPT_BATCH", "ACCEPT_PAUSE", "CLOSER", "Acceptor", "Closer", "TlsDoor"]
 
 log = structlog.get_logger(__name__)
 
@@ -105,6 +106,42 @@ class Acceptor:
     def _resume(self) -> None:
         if self.listener.fileno() != -1:  # not closed meanwhile (stopping)
             self.loop.add_reader(self._fd, self._ready)
+
+
+class Closer:
+    """Closes sockets on a thread of its own. A connection's close costs its loop 6-17
+    us of kernel time (its FIN sent and taken in by the peer's socket, on loopback in
+    the same call), which a flood over a cap pays for each connection it cuts;
+    ``close`` lets go of the GIL, so here it runs beside the loops, which only hand
+    over one batch's cut sockets at a time. A socket handed over has left its selector
+    and every table: nothing else touches it, and its descriptor is not reused until
+    the close is done."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[list[socket.socket]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def close(self, socks: list[socket.socket]) -> None:
+        """Close ``socks`` soon, off the calling thread."""
+        if self._thread is None or not self._thread.is_alive():
+            with self._lock:
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(
+                        target=self._run, name="coeffd-http-closer", daemon=True
+                    )
+                    self._thread.start()
+        self._queue.put(socks)
+
+    def _run(self) -> None:
+        while True:
+            for sock in self._queue.get():
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+
+#: the process's closer, shared by every door
+CLOSER = Closer()
 
 
 @dataclass(slots=True)
@@ -245,7 +282,7 @@ class TlsDoor:
             if task is None:
                 with contextlib.suppress(ValueError, OSError):
                     held.loop.remove_reader(sock.fileno())
-                sock.close()
+                CLOSER.close([sock])
                 return
             task.cancel()  # asyncio's transport closes the socket as it unwinds
             if not held.started:  # cancelled before it ran: nothing owns the socket
