@@ -437,13 +437,20 @@ class RLSRegressor(base.Regressor):
         return max(1, self.refresh_every - self._since_refresh)
 
     def prequential_finite(
-        self, X: FloatArray, y: list[float], *, nonnegative: bool = True
+        self,
+        X: FloatArray,
+        y: list[float],
+        *,
+        nonnegative: bool = True,
+        out: FloatArray | None = None,
     ) -> FloatArray:
         """:meth:`learn_many_prequential` of rows known to be finite (``X`` a float array in
         ``features`` order, ``y`` plain floats): no validation, each run of rows up to the
-        next fold folded straight from ``X``."""
+        next fold folded straight from ``X``. The predictions go to ``out`` when given (a
+        float64 array of ``len(y)``, e.g. a slice of a larger one) and are returned."""
         n = len(y)
-        out = np.empty(n)
+        if out is None:
+            out = np.empty(n)
         i = 0
         k = self.refresh_every
         whole = X.flags.c_contiguous

@@ -161,23 +161,31 @@ class SteadyEstimator:
         finite = bool(np.isfinite(xa).all() and np.isfinite(ya).all())
         ys = ya.tolist()
         n = len(ys)
-        out = np.empty(n)
+        # each learner's predictions straight into one array (a slice a piece); the
+        # published ones are the long-memory learner's but for the pieces predicted
+        # while tracking
+        pf_all, ps_all = np.empty(n), np.empty(n)
+        tracking: list[slice] = []
         fast, slow = self.fast, self.slow
         i = 0
         while i < n:
             # both learn every row, so their folds coincide (min: in case they do not)
-            step = min(fast.rows_to_fold(), slow.rows_to_fold())
-            seg = slice(i, min(n, i + step))
+            j = min(n, i + min(fast.rows_to_fold(), slow.rows_to_fold()))
+            xs, yl = xa[i:j], ys[i:j]
+            pf, ps = pf_all[i:j], ps_all[i:j]
             if finite:  # validated once for the whole batch
-                pf = self.fast.prequential_finite(xa[seg], ys[seg], nonnegative=nonnegative)
-                ps = self.slow.prequential_finite(xa[seg], ys[seg], nonnegative=nonnegative)
+                fast.prequential_finite(xs, yl, nonnegative=nonnegative, out=pf)
+                slow.prequential_finite(xs, yl, nonnegative=nonnegative, out=ps)
             else:
-                pf = self.fast.learn_many_prequential(xa[seg], ya[seg], nonnegative=nonnegative)
-                ps = self.slow.learn_many_prequential(xa[seg], ya[seg], nonnegative=nonnegative)
-            out[seg] = ps if self.mode == STEADY else pf
-            self._compare_rows(ys[seg], pf, ps)
-            i = seg.stop
-        return out
+                pf[:] = fast.learn_many_prequential(xs, ya[i:j], nonnegative=nonnegative)
+                ps[:] = slow.learn_many_prequential(xs, ya[i:j], nonnegative=nonnegative)
+            if self.mode != STEADY:  # the mode before this piece's comparison
+                tracking.append(slice(i, j))
+            self._compare_rows(yl, pf, ps)
+            i = j
+        for seg in tracking:
+            ps_all[seg] = pf_all[seg]
+        return ps_all
 
     def learn_one_prequential(self, x: Mapping[str, float], y: float) -> float:
         """Predict one row (a River dict) with the published estimate as of each
