@@ -15,13 +15,16 @@ served by an asyncio loop in a background thread. What stays here is what coeffd
   no aiohttp protocol or task) until its first bytes, which aiohttp then reads as sent:
   it counts for the cap and the request deadline from its accept like any connection
   waiting for its request, but a flood of silent ones costs the loop an ``accept`` and a
-  selector entry each: loop CPU per silent connection of a burst of 600 was 41-74 us
-  against aiohttp's 130-267 us at a cap of 1024, 92-156 against 190-346 us at 64 (where
-  the cut for each new one, a victim's choice and a close, is most of it);
+  selector entry each (a burst of 600: 16-18 ms of loop CPU at a cap of 1024); at a cap
+  of 64 the cut for each new one costs no more: the victim's choice is O(1) (held
+  sockets in accept order), the ones a burst cuts again at once never enter the
+  selector, and cut sockets are closed on a thread of their own (16-17 ms for 600);
 * at ``max_connections`` a connection still waiting for its request is cut for the new
   one — the one waiting longest, except during a burst of new silent connections, which
   then loses its own newest (:meth:`HttpServer.victim`); only when every connection is
-  busy is the new one answered 503;
+  busy is the new one answered 503. Choosing, cutting and admitting are one step under
+  a lock over every loop (:meth:`HttpServer.admit`): the cap is never passed, and a held
+  socket whose request has arrived is not cut as silent whichever loop holds it;
 * the token / client-certificate :class:`~coeffd.base.security.Gate` runs before a body
   is read, and refusals are shaped by ``error_response`` (OTLP/HTTP: ``google.rpc.Status``).
 

@@ -13,6 +13,9 @@ Connections not yet through their handshake are capped (per door, over every loo
 the cap the oldest *silent* one is cut first, a handshaking one only when none is silent,
 so a client that sends its ClientHello as it connects (any real one) is not cut by a
 flood of silent connections however long it lasts.
+
+The accept loop (:class:`Acceptor`) and the closer thread (:class:`Closer`) are shared
+with the plain door of :mod:`coeffd.base.http`.
 """
 
 from __future__ import annotations
