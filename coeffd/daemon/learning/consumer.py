@@ -331,12 +331,18 @@ class LearningConsumer:
                 describe_configuration(self.metrics, cfg)
             if isinstance(obs, StepObservation):
                 # the request ring notes the steps' KV size per burst (observe_steps)
-                steps.setdefault(cid, (cfg, []))[1].append(obs)
+                group = steps.get(cid)
+                if group is None:
+                    group = steps[cid] = (cfg, [])
+                group[1].append(obs)
                 continue
             self.requests.observe(cfg, obs)  # kept for coeffd trace, learned or shed
             if isinstance(obs, RequestObservation):
                 if keep_request is None or keep_request(obs.request_id):
-                    requests.setdefault(cid, (cfg, []))[1].append(obs)
+                    rgroup = requests.get(cid)
+                    if rgroup is None:
+                        rgroup = requests[cid] = (cfg, [])
+                    rgroup[1].append(obs)
                 continue
             scored = self.registry.learn(cfg, obs)
             if scored:
