@@ -23,7 +23,8 @@ flight. Target: ≥ 300,000 events/s per core.
 --sampling default`` (issue 34): the 9-engine fleet recorded at vLLM's default sampling
 (every step sampled with ``dense``), ``--copies`` live copies for ``--seconds`` of data,
 decoded up front, then ``push_many`` per export request and a live ``tick`` every
-0.25 s of data, flush included: process CPU µs per event, best of ``--repeats``, and the
+``--tick`` s of data (0.25; the daemon ticks every 1 s, and between ticks a sweep visits
+only the engines fed since), flush included: process CPU µs per event, best of ``--repeats``, and the
 observations' sha256. With ``--baseline-rev`` the same rendered requests are joined by
 that revision's ``coeffd`` (``git archive``) too, each side in its own process,
 alternating ``--rounds`` times (a drifting machine hits both); identical digests mean
@@ -186,7 +187,7 @@ def _cpu(fn: Callable[[], None], repeats: int) -> float:
 # "<µs per event> <events> <observations> <sha256>".
 _FLEET_RUNNER = """
 import hashlib, pickle, sys, time
-tree, path, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3])
+tree, path, repeats, tick = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 if tree:
     sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
     sys.path.insert(0, tree)
@@ -204,7 +205,7 @@ for _ in range(repeats):
     for due, recs in batches:
         if due >= nxt:
             out.extend(j.tick(int((due + off) * 1e9)))
-            nxt = due + 0.25
+            nxt = due + tick
         out.extend(j.push_many(recs))
         ev += len(recs)
     out.extend(j.flush())
@@ -255,7 +256,8 @@ def fleet_main(args: argparse.Namespace) -> int:
             trees[commit] = str(root)
         print(
             f"joiner, fleet at {args.fleet} sampling: {args.copies} live copies, "
-            f"{args.seconds:.0f} s of data, {len(bodies):,} export requests; best of "
+            f"{args.seconds:.0f} s of data, {len(bodies):,} export requests, a tick every "
+            f"{args.tick:g} s of data; best of "
             f"{args.repeats} per process, {args.rounds} alternating rounds",
             flush=True,
         )
@@ -264,7 +266,8 @@ def fleet_main(args: argparse.Namespace) -> int:
         for _ in range(args.rounds):
             for name, tree in trees.items():
                 line = subprocess.run(
-                    [sys.executable, "-c", _FLEET_RUNNER, tree, str(path), str(args.repeats)],
+                    [sys.executable, "-c", _FLEET_RUNNER, tree, str(path), str(args.repeats),
+                     str(args.tick)],
                     capture_output=True, text=True, check=True,
                 ).stdout.split()  # fmt: skip
                 us, events, obs, sha = float(line[0]), int(line[1]), int(line[2]), line[3]
@@ -295,6 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--copies", type=int, default=10, help="--fleet: live copies")
     p.add_argument("--seconds", type=float, default=40.0, help="--fleet: seconds of data")
     p.add_argument("--rounds", type=int, default=2, help="--fleet: alternating rounds")
+    p.add_argument("--tick", type=float, default=0.25, help="--fleet: seconds of data per tick")
     p.add_argument("--baseline-rev", default=None, help="--fleet: also join with this revision")
     args = p.parse_args(argv)
     if args.fleet:
