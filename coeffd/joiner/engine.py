@@ -431,7 +431,11 @@ class EngineState:
 
     def _explained(self, n: int) -> bool:
         """True when the known lives are exactly summary ``n``'s running queue."""
-        return len(self.lives_at(n)) == self.summaries[n].running_depth
+        k = 0  # len(self.lives_at(n)), without the list (twice per segment)
+        for life in self.lives.get(n >> BUCKET_BITS, ()):
+            if life.first <= n <= life.last:
+                k += 1
+        return k == self.summaries[n].running_depth
 
     def journey_spans(
         self, n: int, shed: bool = False

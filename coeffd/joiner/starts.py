@@ -218,12 +218,15 @@ class StepStarts:
     def _pinning(self, n: int, a: int) -> list[tuple[int, tuple[int, ...]]]:
         """The anchors that pin ``S(n)``, by type: SCHEDULED/PREEMPTED(n), QUEUED(n-1),
         FIRST_TOKEN/FINISHED(n-1-a)."""
-        an = self.anchors
-        return [
-            (typ, ts)
-            for typ, step in ((SCHED, n), (QUEUED, n - 1), (COMPL, n - 1 - a))
-            if (ts := an[typ].get(step))
-        ]
+        sched, queued, compl = self.anchors
+        out: list[tuple[int, tuple[int, ...]]] = []  # unrolled (twice per finalized step)
+        if ts := sched.get(n):
+            out.append((SCHED, ts))
+        if ts := queued.get(n - 1):
+            out.append((QUEUED, ts))
+        if ts := compl.get(n - 1 - a):
+            out.append((COMPL, ts))
+        return out
 
     def _intersect(self, present: list[tuple[int, tuple[int, ...]]]) -> iv.Interval | None:
         parts: list[iv.Interval] = []
