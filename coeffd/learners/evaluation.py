@@ -365,30 +365,31 @@ class Evaluator:
         pending = self._pending
         window = self.window
         isfinite = math.isfinite
-        full = False
+        # each target's pending (ys, predictions) per source, found once a burst (a
+        # burst holds a few targets) and again after a flush replaces them; made on the
+        # first row a source scores, as add_scored makes them
+        lists: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
         for target, y, learned, default in rows:
             if not isfinite(y):
                 continue
-            if isfinite(learned):
-                key = (config, target, "learned", "all")
-                got = pending.get(key)
+            full = False
+            for source, yhat in (("learned", learned), ("blis_default", default)):
+                if yhat is None or not isfinite(yhat):
+                    continue
+                got = lists.get((target, source))
                 if got is None:
-                    got = pending[key] = ([], [])
+                    key = (config, target, source, "all")
+                    got = pending.get(key)
+                    if got is None:
+                        got = pending[key] = ([], [])
+                    lists[(target, source)] = got
                 got[0].append(y)
-                got[1].append(learned)
-                full = full or len(got[0]) >= window
-            if default is not None and isfinite(default):
-                key = (config, target, "blis_default", "all")
-                got = pending.get(key)
-                if got is None:
-                    got = pending[key] = ([], [])
-                got[0].append(y)
-                got[1].append(default)
+                got[1].append(yhat)
                 full = full or len(got[0]) >= window
             if full:  # bounded while nothing reads
                 self._flush()
                 pending = self._pending
-                full = False
+                lists.clear()
 
     def _flush(self) -> None:
         """Put the rows recorded one at a time into their windows (the same windows as

@@ -401,20 +401,32 @@ class LearningConsumer:
 
     def _record_requests(self, cid: str, scores: RequestScores) -> None:
         """:meth:`_record` for a burst of finished requests' scores (tuples, not
-        :class:`Scored`: the same counts and errors, in the same order)."""
+        :class:`Scored`: the same counts and errors, in the same order). A burst holds
+        a few targets: each one's count and error lists are found once, not per row."""
         counts, errors = self._learned, self._errors
+        isfinite = math.isfinite
+        by_target: dict[str, tuple[list[int], list[float], list[float]]] = {}
         for target, y, learned, default in scores.rows:
-            key = (cid, target)
-            counts[key] = counts.get(key, 0) + 1
-            if not (y > 0 and math.isfinite(y)):
+            ent = by_target.get(target)
+            if ent is None:
+                ent = by_target[target] = ([0], [], [])
+            ent[0][0] += 1
+            if not (y > 0 and isfinite(y)):
                 continue
-            for source, yhat in (("learned", learned), ("blis_default", default)):
-                if yhat is None or not math.isfinite(yhat):
-                    continue
-                rows = errors.get((cid, target, source))
-                if rows is None:
-                    rows = errors[(cid, target, source)] = []
-                rows.append(abs(y - yhat) / y)
+            if learned is not None and isfinite(learned):
+                ent[1].append(abs(y - learned) / y)
+            if default is not None and isfinite(default):
+                ent[2].append(abs(y - default) / y)
+        for target, (n, rel_learned, rel_default) in by_target.items():
+            key = (cid, target)
+            counts[key] = counts.get(key, 0) + n[0]
+            for source, rel in (("learned", rel_learned), ("blis_default", rel_default)):
+                if rel:
+                    rows = errors.get((cid, target, source))
+                    if rows is None:
+                        errors[(cid, target, source)] = rel
+                    else:
+                        rows.extend(rel)
 
     def _record_steps(self, cid: str, scored: StepScores) -> None:
         """:meth:`_record` for a burst of step scores (one histogram update per source)."""
