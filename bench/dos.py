@@ -9,7 +9,9 @@ empty ``ResourceSpans``). Each attack body is handled in a fresh child process, 
   ``receivers.limits`` first, and the same parse and decode only if it passes.
 
 ``--part http`` (also in the default run): issue 32's attacks on a real TLS daemon's HTTP
-listeners with peak RSS and ``/healthz`` p99, see :mod:`bench.httpattacks`.
+listeners with peak RSS and ``/healthz`` p99, see :mod:`bench.httpattacks`. ``--part cap
+[--cap N]``: a silent flood on a plain server at a connection cap
+(:func:`bench.httpattacks.cap_flood`).
 
 Reported per body: CPU seconds of the handling and the child's peak RSS (its idle RSS,
 with the body built, shown apart), and the before/after ratios from the same run. A
@@ -148,16 +150,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     p.add_argument(
         "--part",
-        choices=("all", "bodies", "http"),
+        choices=("all", "bodies", "http", "cap"),
         default="all",
         help="bodies: the amplification bodies; http: issue 32's attacks on a TLS daemon's "
-        "HTTP listeners (bench/httpattacks.py)",
+        "HTTP listeners (bench/httpattacks.py); cap: a silent flood on a plain server at "
+        "--cap connections (not in the default run)",
     )
+    p.add_argument("--cap", type=int, default=64, help="--part cap: max_connections")
+    p.add_argument("--floods", type=int, default=3, help="--part cap: floods of 3 s")
     args = p.parse_args(argv)
     if args.child:
         kind, n, variant = args.child
         print(json.dumps(_child(kind, int(n), variant)))
         return 0
+    if args.part == "cap":
+        from bench.httpattacks import cap_flood
+
+        with tempfile.TemporaryDirectory(prefix="coeffd-dos-") as tmp:
+            return cap_flood(Path(tmp), args.cap, args.floods)
     http_code = 0
     if args.part in ("all", "http"):
         from bench.httpattacks import run as http_attacks

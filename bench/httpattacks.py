@@ -299,3 +299,94 @@ def run(tmp: Path, rounds: int = 3) -> int:
 
 
 PROTOBUF = "application/x-protobuf"
+
+
+def _cap_server(cap: int, port_file: str, stop: Any) -> None:
+    """The child process of :func:`cap_flood`: a plain server, ``/healthz`` on its loop
+    as the daemon's is, until ``stop`` is set."""
+    from coeffd.base.http import HttpServer, Response, Router
+
+    router = Router()
+    router.add_route("GET", "/healthz", lambda _req: Response.text(200, "ok"), inline=True)
+    server = HttpServer("127.0.0.1", 0, router, max_connections=cap)
+    server.start()
+    Path(port_file).write_text(str(server.port))
+    stop.wait()
+    server.stop()
+
+
+def _plain_probe_loop(port: int, period: float, conn: Any, stop: Any) -> None:
+    """:func:`_probe_loop` over plain HTTP."""
+    lat: list[float] = []
+    fail: list[str] = []
+    while not stop.is_set():
+        if conn.poll():
+            conn.recv()
+            conn.send((lat, fail))
+            lat, fail = [], []
+        time.sleep(period)
+        t0 = time.perf_counter()
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            c.request("GET", "/healthz")
+            r = c.getresponse()
+            r.read()
+            c.close()
+            if r.status != 200:
+                fail.append(str(r.status))
+        except (OSError, http.client.HTTPException) as e:
+            fail.append(type(e).__name__)
+        lat.append(time.perf_counter() - t0)
+
+
+def cap_flood(tmp: Path, cap: int = 64, floods: int = 3, n: int = 600) -> int:
+    """Issue 32's silent flood on a plain server at a connection cap: the server in one
+    process (this tree's ``coeffd``), ``n`` silent connections held 3 s from this one, a
+    prober in a third asking ``GET /healthz`` every 50 ms over a new connection; 2 s idle
+    before each flood. Prints the probes' p99 and max per flood; target p99 ≤ 50 ms and
+    no failed probe. At a cap below ``n`` every connection past it cuts another."""
+    port_file = tmp / "cap-port"
+    stop = multiprocessing.Event()
+    server = multiprocessing.Process(
+        target=_cap_server, args=(cap, str(port_file), stop), daemon=True
+    )
+    server.start()
+    for _ in range(300):
+        if port_file.exists() and port_file.read_text():
+            break
+        time.sleep(0.05)
+    port = int(port_file.read_text())
+    conn, child = multiprocessing.Pipe()
+    probe_stop = multiprocessing.Event()
+    prober = multiprocessing.Process(
+        target=_plain_probe_loop, args=(port, 0.05, child, probe_stop), daemon=True
+    )
+    prober.start()
+    ok = True
+    print(f"\nSilent flood on a plain server at max_connections {cap}: {n} connections held 3 s")
+    print(f"  {'flood':5s} {'p99 ms':>7s} {'max ms':>7s} {'probes':>6s}  idle p99 ms")
+    try:
+        time.sleep(1.0)
+        for i in range(floods):
+            time.sleep(2.0)
+            conn.send("take")
+            idle, _ = conn.recv()
+            held = [socket.create_connection(("127.0.0.1", port)) for _ in range(n)]
+            time.sleep(3.0)
+            conn.send("take")
+            lat, failures = conn.recv()
+            for s in held:
+                s.close()
+            ok &= p99(lat) <= P99_TARGET_S and not failures
+            fails = f"; {len(failures)} probes failed ({', '.join(sorted(set(failures)))})"
+            print(
+                f"  {i + 1:5d} {p99(lat) * 1e3:7.1f} {max(lat, default=0) * 1e3:7.1f} "
+                f"{len(lat):6d}  {p99(idle) * 1e3:.1f}" + (fails if failures else "")
+            )
+    finally:
+        probe_stop.set()
+        prober.join(10)
+        stop.set()
+        server.join(10)
+    print(f"target: /healthz p99 ≤ 50 ms, no failed probe: {'met' if ok else 'MISSED'}")
+    return 0 if ok else 1

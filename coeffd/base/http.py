@@ -83,6 +83,12 @@ REAP_INTERVAL = 0.25
 #: not yet sent or not yet read) and was reset (1 of 1,115 probes in ``bench soak``).
 CUT_GRACE = 1.0
 BURST = 8
+#: Seconds the newest connection of a burst has to send its first bytes before the burst
+#: cuts it: until then a new silent connection past the cap is closed itself instead.
+#: A probe accepted amid a flood as soon as it connected (the loop keeps up) was cut by
+#: the next silent arrival before its request was written (3 of 21 floods of 600 at a
+#: cap of 64, each with one reset probe).
+SPEAK_GRACE = 0.05
 
 
 @dataclass(slots=True)
@@ -338,7 +344,7 @@ class _Manager(web.Server):
         if cut is None:
             with contextlib.suppress(OSError):
                 sock.send(_BUSY)
-            sock.close()
+            self._doomed.append(sock)  # closed after the batch (off the loop)
             self.owner.refused(503, "too many connections", peer)
             return
         self._fresh.add(sock)
@@ -538,6 +544,7 @@ class HttpServer:
         handler_threads: int = 8,
         loops: int = 1,
         cut_grace: float = CUT_GRACE,
+        speak_grace: float = SPEAK_GRACE,
     ) -> None:
         """``on_refused(status, reason, client)`` is told about requests refused before
         routing (oversize or malformed bodies, 503 past ``max_connections``), so receivers
@@ -550,7 +557,8 @@ class HttpServer:
         ``handler_threads`` threads. ``loops``: event loops (threads) accepting on the
         socket, so that one connection's I/O waits on the GIL while another's handler
         runs, as thread-per-connection servers do. ``cut_grace``: seconds a connection
-        counts as young for the cap's choice of whom to cut (:meth:`victim`)."""
+        counts as young for the cap's choice of whom to cut (:meth:`victim`);
+        ``speak_grace``: seconds a burst's newest has to speak (:meth:`admit`)."""
         self.router = router or Router()
         self.name = name
         self.max_body_bytes = max_body_bytes
@@ -558,6 +566,7 @@ class HttpServer:
         self.error_response = error_response
         self.max_connections = max_connections
         self.cut_grace = cut_grace
+        self.speak_grace = speak_grace
         self.idle_timeout = idle_timeout
         self.ssl_context = ssl_context
         self.gate = gate
@@ -607,7 +616,7 @@ class HttpServer:
             lane.thread.start()
             started.wait(10.0)
 
-    def victim(self) -> tuple[_Manager, Conn] | None:
+    def victim(self) -> tuple[_Manager, Conn, float, bool] | None:
         """The connection the cap cuts (the caller holds ``lock``) for a new one, over every loop: the one waiting
         longest for its request, unless a burst is on — at least ``BURST`` connections
         that arrived less than ``cut_grace`` ago are waiting, none has waited longer — then
@@ -642,13 +651,16 @@ class HttpServer:
             return None
         # The burst's choice applies only when every waiting connection is young (the
         # oldest is), so the young ones are all of them and their newest is the newest.
-        pick = newest if oldest[0] >= young and total >= BURST else oldest
-        return pick[1], pick[2]
+        burst = oldest[0] >= young and total >= BURST
+        pick = newest if burst else oldest
+        return pick[1], pick[2], pick[0], burst
 
     def admit(self, manager: _Manager, conn: Conn) -> bool | None:
         """Give ``conn``, new on ``manager``'s loop, a slot of the cap: a free one (False),
-        else the one of a connection cut for it (True); None: every connection is busy,
-        ``conn`` is not admitted.
+        else the one of a connection cut for it (True); None: ``conn`` is not admitted —
+        every connection is busy, or a burst's newest is younger than ``speak_grace``
+        and ``conn`` (plain) has sent nothing yet either: it is cut itself, so that a
+        client accepted amid a flood has that long to send its request.
 
         Choosing, cutting and admitting are one step under ``lock`` whichever loop runs
         it, so the cap is never passed, not even for a moment: a slot freed by a cut goes
@@ -666,7 +678,15 @@ class HttpServer:
                 if pick is None:
                     cut = None
                     break
-                owner, victim = pick
+                owner, victim, since, burst = pick
+                if (
+                    burst
+                    and since > time.monotonic() - self.speak_grace
+                    and isinstance(conn, socket.socket)
+                    and _peek(conn) is None
+                ):
+                    cut = None
+                    break
                 if isinstance(victim, _Protocol):
                     del owner.waiting[victim]
                     victim.counted = False
@@ -675,7 +695,7 @@ class HttpServer:
                     cut = True
                     break
                 got = _peek(victim)
-                since = owner.held.pop(victim)
+                del owner.held[victim]
                 if got:
                     after.append((owner, functools.partial(owner.hand_over, victim, since)))
                     continue  # it keeps its slot: choose again

@@ -18,10 +18,19 @@ from tests.support.sockets import peek_closed
 CAP = 16
 
 
-def _server(cut_grace: float, cap: int = CAP) -> HttpServer:
+def _server(cut_grace: float, cap: int = CAP, speak_grace: float = 0.0) -> HttpServer:
+    """``speak_grace`` 0 by default: the tests of whom a burst cuts do not depend on how
+    fast this machine connects (their own test sets it)."""
     router = Router()
     router.add_route("GET", "/healthz", lambda _req: Response.text(200, "ok"))
-    return HttpServer("127.0.0.1", 0, router, max_connections=cap, cut_grace=cut_grace)
+    return HttpServer(
+        "127.0.0.1",
+        0,
+        router,
+        max_connections=cap,
+        cut_grace=cut_grace,
+        speak_grace=speak_grace,
+    )
 
 
 @pytest.fixture
@@ -126,5 +135,26 @@ def test_a_few_young_connections_are_no_burst(held: list[socket.socket]) -> None
         assert _closed_by_server(first)
         assert _healthz(third).startswith(b"HTTP/1.1 200")
         assert not peek_closed(second)
+    finally:
+        server.stop()
+
+
+def test_the_newest_of_a_burst_has_time_to_speak(held: list[socket.socket]) -> None:
+    """A client accepted amid a flood as soon as it connected has sent nothing yet; as
+    the burst's newest it was cut by the next silent arrival. Within ``speak_grace`` the
+    arrivals are answered 503 and closed instead, and its request is served."""
+    server = _server(cut_grace=600.0, speak_grace=600.0)
+    server.start()
+    try:
+        held.extend(_connect(server) for _ in range(CAP - 1))
+        late = _connect(server)  # the newest: not yet written its request
+        held.append(late)
+        _waiting(server, CAP)
+        arrivals = [_connect(server) for _ in range(4)]
+        held.extend(arrivals)
+        for s in arrivals:
+            assert s.recv(4096).startswith(b"HTTP/1.1 503")
+        assert _healthz(late).startswith(b"HTTP/1.1 200"), "the newest was cut"
+        assert not any(peek_closed(s) for s in held[: CAP - 1])
     finally:
         server.stop()

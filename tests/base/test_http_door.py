@@ -222,7 +222,9 @@ def test_held_connections_over_several_loops_share_one_cap() -> None:
     """With two loops a silent connection held by one is cut by the other's accept (on
     its own loop), the cap holds over both, and a request is still served."""
     cap = 8
-    s = HttpServer("127.0.0.1", 0, _router(), max_connections=cap, loops=2, cut_grace=600.0)
+    s = HttpServer(
+        "127.0.0.1", 0, _router(), max_connections=cap, loops=2, cut_grace=600.0, speak_grace=0.0
+    )
     s.start()
     managers = [lane.manager for lane in s._lanes]
     socks: list[socket.socket] = []
@@ -279,7 +281,9 @@ def test_a_held_socket_of_another_loop_with_bytes_waiting_is_not_cut_as_silent()
     it is handed to aiohttp, and the burst's newest silent one is cut instead (the
     cross-loop cut had closed it unpeeked, and the client's request was reset)."""
     cap = BURST + 2
-    s = HttpServer("127.0.0.1", 0, _router(), max_connections=cap, loops=2, cut_grace=600.0)
+    s = HttpServer(
+        "127.0.0.1", 0, _router(), max_connections=cap, loops=2, cut_grace=600.0, speak_grace=0.0
+    )
     s.start()
     loops = [lane.loop for lane in s._lanes if lane.loop is not None]
     managers = [lane.manager for lane in s._lanes if lane.manager is not None]
