@@ -21,10 +21,12 @@ served by an asyncio loop in a background thread. What stays here is what coeffd
   selector, and cut sockets are closed on a thread of their own (16-17 ms for 600);
 * at ``max_connections`` a connection still waiting for its request is cut for the new
   one — the one waiting longest, except during a burst of new silent connections, which
-  then loses its own newest (:meth:`HttpServer.victim`); only when every connection is
-  busy is the new one answered 503. Choosing, cutting and admitting are one step under
-  a lock over every loop (:meth:`HttpServer.admit`): the cap is never passed, and a held
-  socket whose request has arrived is not cut as silent whichever loop holds it;
+  then loses its own newest (:meth:`HttpServer.victim`) — or, while that one is younger
+  than ``SPEAK_GRACE`` (time to send its request), the silent new arrival itself, with
+  a 503; only when every connection is busy is the new one answered 503. Choosing,
+  cutting and admitting are one step under a lock over every loop
+  (:meth:`HttpServer.admit`): the cap is never passed, and a held socket whose request
+  has arrived is not cut as silent whichever loop holds it;
 * the token / client-certificate :class:`~coeffd.base.security.Gate` runs before a body
   is read, and refusals are shaped by ``error_response`` (OTLP/HTTP: ``google.rpc.Status``).
 
@@ -617,10 +619,11 @@ class HttpServer:
             started.wait(10.0)
 
     def victim(self) -> tuple[_Manager, Conn, float, bool] | None:
-        """The connection the cap cuts (the caller holds ``lock``) for a new one, over every loop: the one waiting
-        longest for its request, unless a burst is on — at least ``BURST`` connections
-        that arrived less than ``cut_grace`` ago are waiting, none has waited longer — then
-        the newest of them.
+        """The connection the cap cuts for a new one, over every loop, as (manager,
+        connection, since, burst); the caller holds ``lock``. The one waiting longest for
+        its request, unless a burst is on — at least ``BURST`` connections that arrived
+        less than ``cut_grace`` ago are waiting, none has waited longer — then the newest
+        of them (which :meth:`admit` spares for ``speak_grace``).
 
         A burst of silent connections thus takes slots from itself, not from the client
         that connected just before it and has not sent (or we have not read) its request
@@ -630,9 +633,9 @@ class HttpServer:
         ``cut_grace`` (with ``max_connections`` above ``BURST``; a cap filled by requests
         in progress and fewer than ``BURST`` waiting ones still cuts the oldest). What it
         still can: a new client is the newest connection until the next one arrives, so
-        an attacker connecting between a client's connect and its request's first bytes
-        (a window of a round trip, or of the client's own scheduling) cuts it — as a
-        burst of ``max_connections`` in that window did before."""
+        an attacker connecting after it cuts it if the client has not sent its first
+        bytes within ``speak_grace`` of its accept (and one connecting before a client's
+        accept, whose own bytes are not there yet, gets that client answered 503)."""
         young = time.monotonic() - self.cut_grace
         oldest: tuple[float, _Manager, Conn] | None = None
         newest: tuple[float, _Manager, Conn] | None = None
