@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import tomllib
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -100,8 +99,7 @@ def test_values_document_every_setting() -> None:
     unlisted = sorted(
         ".".join(k) for k in set(daemon_flat) - set(chart_flat) if k[0] not in delegated
     )
-    if unlisted:
-        warnings.warn(f"helm values.yaml does not list settings {unlisted}", stacklevel=1)
+    assert not unlisted, f"helm/coeffd/values.yaml does not list settings {unlisted}"
 
 
 def test_values_render_every_key_config_example_documents() -> None:
