@@ -36,7 +36,7 @@ from coeffd.learners.evaluation import (
 )
 from coeffd.learners.features import BLIS_DEFAULT_ALPHA, BLIS_DEFAULT_BETA, TERM_NAMES, BlisBasis
 from coeffd.learners.features.config import ServingConfig
-from coeffd.learners.features.observe import has_requests, kv_bytes_per_block
+from coeffd.learners.features.observe import have_requests, kv_bytes_per_block
 from coeffd.learners.features.rows import step_rows
 from coeffd.learners.rls import RLSRegressor
 from coeffd.learners.steady import STEADY, SteadyEstimator, identified_fit, term_sources
@@ -354,7 +354,7 @@ class LearnerSet:
         wobbled by several percent. With nothing better (journeys not traced), they are
         still what there is, and are learned.
         """
-        exact = [has_requests(obs) for obs in steps]
+        exact = have_requests(steps)
         share, n = self.exact_share, self.exact_rows
         if all(exact):  # the usual burst: every step kept, only the share moves
             for _ in exact:

@@ -32,6 +32,7 @@ __all__ = [
     "aggregates_from_requests",
     "fill_transfer_bytes",
     "has_requests",
+    "have_requests",
     "kv_bytes_per_block",
     "step_features",
 ]
@@ -41,6 +42,13 @@ def has_requests(obs: StepObservation) -> bool:
     """Whether a step comes with its per-request composition (its terms are exact), not
     only the BATCH_SUMMARY totals (its terms are estimated)."""
     return bool(obs.requests) and obs.composition is not Composition.AGGREGATES
+
+
+def have_requests(steps: Sequence[StepObservation]) -> list[bool]:
+    """:func:`has_requests` of each step, without a call per step (a learner set asks it of
+    every step observation it learns; the calls cost four times the tests)."""
+    aggregates_only = Composition.AGGREGATES
+    return [bool(obs.requests) and obs.composition is not aggregates_only for obs in steps]
 
 
 def step_features(
