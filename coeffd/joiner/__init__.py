@@ -21,7 +21,13 @@ shutdown; single-threaded):
   falling before ``S(N)`` (sync) or after ``E(N)`` (async).
   Composition: snapshots of every running request (exact), else the journeys of the
   requests running in that step (accepted only if they reproduce the summary totals),
-  else the summary aggregates. The ``S(n)`` estimates and the loop mode live in
+  else the summary aggregates. A journey is exported only when its request ends, so a
+  step whose requests outlive the window (long generations: minutes in production) has
+  its period decided at the window but waits for the journeys still missing, up to
+  ``composition_wait_s`` (default ``max_lateness_s``) after its summary and at most
+  ``max_composition_waits`` steps per engine (:mod:`.waits`): the aggregates' decode
+  context is an estimate (12 % low under prefix sharing), so such steps otherwise bias
+  the learned step time. The ``S(n)`` estimates and the loop mode live in
   :mod:`.starts`; the loop wait of request observations in :mod:`.loopwait`.
 * **Requests** (:mod:`.requests`): ``llm_core`` ↔ ``llm_request`` by trace id and parent
   span id; API and EngineCore mono clocks are compared only after equal wall−mono offsets

@@ -151,6 +151,26 @@ def life_request(life: Life, n: int) -> tuple[BatchRequest | None, bool]:
     return None, True
 
 
+def life_part(life: Life, n: int) -> int:
+    """How a life covering step ``n`` enters the batch :func:`from_lives` rebuilds: 0 as a
+    decode (known), 1 as its admission (token count unknown), -1 not at all (preempted,
+    or a later prefill chunk: the step cannot be rebuilt whatever else arrives).
+
+    >>> life = Life(first=10, first_token=12, last=40, input_len=900, output_len=29,
+    ...             preempted=False)
+    >>> [life_part(life, n) for n in (10, 11, 13)]
+    [1, -1, 0]
+    """
+    if life.preempted:
+        return -1
+    f = life.first_token
+    if f is not None and n > f:
+        return 0
+    if n == life.first:
+        return 1
+    return -1
+
+
 def from_lives(summary: BatchSummary, lives: Iterable[Life]) -> tuple[BatchRequest, ...] | None:
     """Composition of step ``summary.step`` from the lives covering it, or None.
 

@@ -31,6 +31,7 @@ from coeffd.joiner.composition import Life, aggregates_of, from_lives, from_snap
 from coeffd.joiner.config import JoinerConfig
 from coeffd.joiner.loopwait import LoopWait, LoopWaitQueue, loop_wait
 from coeffd.joiner.starts import BUCKET_BITS, COMPL, QUEUED, SCHED, Anchors, StepStarts
+from coeffd.joiner.waits import CompositionWaits
 from coeffd.records.events import (
     BatchSummary,
     JourneyEvent,
@@ -59,7 +60,7 @@ class StepResult:
     """Outcome of finalizing one sampled step."""
 
     observation: StepObservation | None
-    outcome: str  # joined | unmatched | rejected
+    outcome: str  # joined | unmatched | rejected | shed | held (waits for journeys)
     reason: str = ""
 
 
@@ -164,6 +165,12 @@ class EngineState:
         self.prefix_cache_off = parse_async_attr(source.get("coeffd.prefix_caching")) is False
         self.touched = 0  # wall ns of the latest record of this engine, kept or not
         self.loop_waits = LoopWaitQueue()
+        # sampled steps waiting past the window for journeys of their running requests
+        # (module :mod:`.waits`)
+        lateness = max(config.max_lateness_s, config.window_s)
+        wait_s = config.composition_wait_s if config.composition_wait_s is not None else lateness
+        self.waits = CompositionWaits(int(wait_s * 1e9), config.max_composition_waits)
+        self.wait_compositions = wait_s > config.window_s
         # S(n) estimates and the loop mode, read off the indexes above
         # sorted steps whose start a summary or an anchor may pin (StepStarts.pinnable)
         self.pinnable: list[int] = []
@@ -660,6 +667,12 @@ class EngineState:
             kv_transfers=kv,
             loop_period_us=loop_us,
         )
+        if (
+            comp is Composition.AGGREGATES
+            and self.wait_compositions
+            and self.waits.hold(obs, s, self.lives_at(n))
+        ):
+            return StepResult(None, "held")
         return StepResult(obs, "joined")
 
     def _composition(self, n: int, s: BatchSummary) -> tuple[Composition, tuple[BatchRequest, ...]]:
@@ -705,6 +718,8 @@ class EngineState:
         )
         for b in range(life.first >> BUCKET_BITS, (last >> BUCKET_BITS) + 1):
             self.lives.setdefault(b, []).append(life)
+        if self.waits.steps:
+            self.waits.add_life(life)
 
     # --------------------------------------------------------------- window
 
@@ -723,6 +738,7 @@ class EngineState:
 
     def drain_all(self) -> list[int]:
         """Every pending step, in step order (end of stream)."""
+        self.wait_compositions = False  # nothing more will come for them: they leave as is
         out = sorted(n for _, n in itertools.chain(self.pending, self.pending_late))
         self.pending.clear()
         self.pending_late.clear()
@@ -761,7 +777,12 @@ class EngineState:
     def silent(self, now_wall: int) -> bool:
         """Nothing seen for a window and nothing left to do: the engine can be forgotten."""
         return self.touched < now_wall - self.window_ns and not (
-            self.timeline or self._tail_end or self.pending or self.pending_late or self.loop_waits
+            self.timeline
+            or self._tail_end
+            or self.pending
+            or self.pending_late
+            or self.loop_waits
+            or self.waits
         )
 
     def _purge(self, h: int) -> None:
@@ -816,6 +837,7 @@ class EngineState:
             "step_snapshot": sum(len(d) for d in self.snapshots.values()),
             "anchor": self.n_anchors,
             "request_life": sum(len(v) for v in self.lives.values()),
+            "step_waiting": len(self.waits),
         }
 
     def over_caps(self) -> bool:

@@ -229,6 +229,9 @@ class Joiner:
         for eng in self._engines.values():
             for n in eng.drain_all():
                 self._finalize_step(eng, n)
+            if eng.waits:
+                eng.waits.release_all()
+                self._emit_waited(eng)
         for key in list(self._requests):
             self._expire_request(key)
         for eng in self._engines.values():
@@ -303,6 +306,9 @@ class Joiner:
         for oldest in heapq.nsmallest(k, self._engines.values(), key=_by_watermark):
             for _ in oldest.drain_all():
                 self.metrics.outcome("step", "expired", "engine_capacity")
+            if oldest.waits:  # built already: they leave with their totals
+                oldest.waits.release_all()
+                self._emit_waited(oldest)
             sid = oldest.source.id
             del self._engines[sid]
             self._restarts.pop(sid, None)
@@ -521,6 +527,8 @@ class Joiner:
             core.finished = ev
             eng.add_anchor(ev)
             eng.add_life(core.scheduled_first, core.first_token, ev, core.max_preemptions)
+            if eng.waits.released:
+                self._emit_waited(eng)
             if entry is None:
                 assert self._cur is not None
                 entry = self._cur[1]
@@ -761,8 +769,10 @@ class Joiner:
         if res.observation is not None:
             self._out.append(res.observation)
             self.metrics.emitted("step")
-        else:
+        elif res.outcome != "held":  # a held step is counted when it leaves
             self.metrics.outcome("step", res.outcome, res.reason)
+        if eng.waits.released:  # the cap let the oldest held step go
+            self._emit_waited(eng)
         spans, why = eng.journey_spans(n)
         if spans:
             self._out.extend(spans)
@@ -770,6 +780,16 @@ class Joiner:
             self.metrics.journey_steps["joined"] += sum(1 + len(o.more_batches) for o in spans)
         for reason, k in why.items():
             self.metrics.journey_steps[reason] += k
+
+    def _emit_waited(self, eng: EngineState) -> None:
+        """Emit the step observations that stopped waiting for journeys (:mod:`.waits`)."""
+        released = eng.waits.released
+        tally = self.metrics.composition_waits
+        for obs, how in released:
+            self._out.append(obs)
+            tally[how] += 1
+        self.metrics.emitted("step", len(released))
+        released.clear()
 
     def _emit_kv(self, obs: KVTransferObservation, src: Source, dp_rank: int) -> None:
         self._out.append(obs)
@@ -889,6 +909,10 @@ class Joiner:
             if (pend and pend[0][0] <= wm) or (late and late[0][0] <= wm):
                 for n in eng.due(wm):
                     self._finalize_step(eng, n)
+            cw = eng.waits.heap
+            if cw and cw[0][0] <= wm:
+                eng.waits.due(wm)
+                self._emit_waited(eng)
             lw = eng.loop_waits  # lw.due_by(wm), inlined
             fifo, lwl = lw._fifo, lw._late
             if (fifo and fifo[0].deadline_wall <= wm) or (lwl and lwl[0][0] <= wm):
@@ -1007,6 +1031,9 @@ class Joiner:
         restarted or fell silent: nothing more will come for them)."""
         for n in eng.drain_all():
             self._finalize_step(eng, n)
+        if eng.waits:
+            eng.waits.release_all()
+            self._emit_waited(eng)
         for item in eng.due_loop_waits(None):
             self._emit_loop_wait(eng, item)
 

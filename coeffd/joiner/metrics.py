@@ -72,9 +72,24 @@ class JoinerMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.composition_waits_total = PromCounter(
+            "coeffd_composition_waits_total",
+            "Sampled steps that waited past the join window for the journeys of their "
+            "running requests, by how the wait ended: completed (exact batch), expired "
+            "(deadline: summary totals), capacity (max_composition_waits: totals), "
+            "unusable (a request no journey can rebuild: totals), mismatch (totals), "
+            "ended (end of stream, engine restarted or forgotten: totals)",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.journey_steps: Counter[str] = Counter()
         self.loop_waits: Counter[str] = Counter()
-        self._pushed_plain: dict[str, Counter[str]] = {"journey": Counter(), "wait": Counter()}
+        self.composition_waits: Counter[str] = Counter()
+        self._pushed_plain: dict[str, Counter[str]] = {
+            "journey": Counter(),
+            "wait": Counter(),
+            "composition": Counter(),
+        }
 
     def outcome(self, observation: str, outcome: str, reason: str = "", n: int = 1) -> None:
         """Count ``n`` join outcomes (``reason`` only goes to the summary log).
@@ -108,6 +123,7 @@ class JoinerMetrics:
         for name, tally, metric in (
             ("journey", self.journey_steps, self.journey_steps_total),
             ("wait", self.loop_waits, self.loop_wait_total),
+            ("composition", self.composition_waits, self.composition_waits_total),
         ):
             pushed = self._pushed_plain[name]
             for key3, n in tally.items():

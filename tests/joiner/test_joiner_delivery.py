@@ -269,6 +269,11 @@ def test_tick_with_wall_clock_finalizes_an_idle_engine() -> None:
     got += j.tick(last_wall)  # the data arrived by now
     got += j.tick(last_wall + 60 * S_NS)
     assert any(isinstance(o, StepObservation) for o in got)
+    # steps with requests the stream cut off wait for their journeys until
+    # composition_wait_s (max_lateness_s) after their summary, then leave on the clock too
+    assert j.metrics.composition_waits["expired"] == 0
+    got += j.tick(last_wall + 360 * S_NS)
+    assert j.metrics.composition_waits["expired"] > 0
     assert j.flush() == []  # nothing was left waiting
 
 
