@@ -621,7 +621,10 @@ def contention_learn(
     learner takes them whenever fewer than half of the steps come with their requests —
     which is what happens once requests outlive the joiner's window (a step's composition
     needs every request in it finished; Mixtral's 28 ms steps make the long generations
-    outlive 30 s, and 58 % of its steps were summary-only against Llama's 5 %)."""
+    outlive 30 s, and 58 % of its steps were summary-only against Llama's 5 %). Since the
+    joiner holds such steps for their journeys (``joiner.composition_wait_s``) ~8 % stay
+    summary-only, mostly steps whose requests the run's end cuts off, and the learner
+    leaves them out."""
     from coeffd.learners.features.config import ServingConfig
     from coeffd.learners.features.observe import has_requests
     from coeffd.learners.registry import LearnerRegistry
