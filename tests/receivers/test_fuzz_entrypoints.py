@@ -253,6 +253,8 @@ _KV_FRAMES = st.one_of(
 _PER_MESSAGE = (
     "batches",
     "duplicate",
+    # a batch whose number jumps too far is dropped and counted here, not in "batches"
+    "sequence_jumps",
     "frame_count",
     "bad_sequence",
     "bad_topic",
