@@ -42,10 +42,11 @@ CHART_LIMIT_MB = 1536.0  # helm/coeffd/values.yaml resources.limits.memory
 P99_TARGET_S = 0.050
 
 
-def _probe_loop(port: int, ca: str, period: float, conn: Any, stop: Any) -> None:
+def _probe_loop(port: int, ca: str | None, period: float, conn: Any, stop: Any) -> None:
     """The prober's process: probe until ``stop`` is set; on each request on ``conn``
-    send back (latencies, failures) since the last one."""
-    ctx = ssl.create_default_context(cafile=ca)
+    send back (latencies, failures) since the last one. Over TLS trusting ``ca``, or
+    plain HTTP when ``ca`` is None."""
+    ctx = ssl.create_default_context(cafile=ca) if ca is not None else None
     lat: list[float] = []
     fail: list[str] = []
     while not stop.is_set():
@@ -56,7 +57,11 @@ def _probe_loop(port: int, ca: str, period: float, conn: Any, stop: Any) -> None
         time.sleep(period)
         t0 = time.perf_counter()
         try:
-            c = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=2)
+            c: http.client.HTTPConnection = (
+                http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=2)
+                if ctx is not None
+                else http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            )
             c.request("GET", "/healthz")
             r = c.getresponse()
             r.read()
@@ -315,30 +320,6 @@ def _cap_server(cap: int, port_file: str, stop: Any) -> None:
     server.stop()
 
 
-def _plain_probe_loop(port: int, period: float, conn: Any, stop: Any) -> None:
-    """:func:`_probe_loop` over plain HTTP."""
-    lat: list[float] = []
-    fail: list[str] = []
-    while not stop.is_set():
-        if conn.poll():
-            conn.recv()
-            conn.send((lat, fail))
-            lat, fail = [], []
-        time.sleep(period)
-        t0 = time.perf_counter()
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", "/healthz")
-            r = c.getresponse()
-            r.read()
-            c.close()
-            if r.status != 200:
-                fail.append(str(r.status))
-        except (OSError, http.client.HTTPException) as e:
-            fail.append(type(e).__name__)
-        lat.append(time.perf_counter() - t0)
-
-
 def cap_flood(tmp: Path, cap: int = 64, floods: int = 3, n: int = 600) -> int:
     """Issue 32's silent flood on a plain server at a connection cap: the server in one
     process (this tree's ``coeffd``), ``n`` silent connections held 3 s from this one, a
@@ -359,7 +340,7 @@ def cap_flood(tmp: Path, cap: int = 64, floods: int = 3, n: int = 600) -> int:
     conn, child = multiprocessing.Pipe()
     probe_stop = multiprocessing.Event()
     prober = multiprocessing.Process(
-        target=_plain_probe_loop, args=(port, 0.05, child, probe_stop), daemon=True
+        target=_probe_loop, args=(port, None, 0.05, child, probe_stop), daemon=True
     )
     prober.start()
     ok = True
