@@ -88,12 +88,10 @@ static int read_rows(PyObject *obj, double *x, Py_ssize_t m, Py_ssize_t d) {
     return 0;
 }
 
-static int get_in(PyObject *obj, Py_buffer *view, Py_ssize_t n, const char *what);
 
-/* A writable C-contiguous float64 buffer of n doubles. */
-static int get_out(PyObject *obj, Py_buffer *view, Py_ssize_t n, const char *what) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
-        return -1;
+/* A C-contiguous float64 buffer of n doubles (writable with PyBUF_WRITABLE in flags). */
+static int get_buf(PyObject *obj, Py_buffer *view, Py_ssize_t n, const char *what, int flags) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | flags) < 0) return -1;
     if (view->itemsize != 8 || view->format == NULL || strcmp(view->format, "d") != 0 ||
         view->len != n * 8) {
         PyBuffer_Release(view);
@@ -101,6 +99,14 @@ static int get_out(PyObject *obj, Py_buffer *view, Py_ssize_t n, const char *wha
         return -1;
     }
     return 0;
+}
+
+static int get_out(PyObject *obj, Py_buffer *view, Py_ssize_t n, const char *what) {
+    return get_buf(obj, view, n, what, PyBUF_WRITABLE);
+}
+
+static int get_in(PyObject *obj, Py_buffer *view, Py_ssize_t n, const char *what) {
+    return get_buf(obj, view, n, what, 0);
 }
 
 static PyObject *list_of(const double *v, Py_ssize_t n) {
@@ -439,16 +445,6 @@ static int sub_solve(const double *a, const double *b, Py_ssize_t n, const Py_ss
     return 1;
 }
 
-static int get_in(PyObject *obj, Py_buffer *view, Py_ssize_t n, const char *what) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
-    if (view->itemsize != 8 || view->format == NULL || strcmp(view->format, "d") != 0 ||
-        view->len != n * 8) {
-        PyBuffer_Release(view);
-        PyErr_Format(PyExc_ValueError, "%s: expected %zd float64 values", what, n);
-        return -1;
-    }
-    return 0;
-}
 
 /* solve(a, b, scale, a0, b0, pw, atot, btot, theta) -> bool
  * The learner's total information atot = scale·a + pw·a0, btot = scale·b + pw·b0 (written,
