@@ -155,10 +155,11 @@ class Joiner:
         self._dirty: set[EngineState] = set()
         self._swept_now: object = _UNSWEPT  # the receiver clock of the last sweep
         self._seq = 0  # engines' visiting order: that of self._engines (EngineState.seq)
-        # replay (no receiver clock): (touched, n, engine) of visited engines, lowest
-        # first: an engine two windows behind the fleet's newest data is gone, and that
-        # moves with the fleet's data, not its own (stale entries are pushed again)
-        self._touched_heap: list[tuple[int, int, EngineState]] = []
+        # replay (no receiver clock): (heard_at, n, engine) of visited engines, lowest
+        # first: an engine not heard from while the fleet's data ran two windows on is
+        # gone, and that moves with the fleet's data, not its own (stale entries are
+        # pushed again)
+        self._heard_heap: list[tuple[int, int, EngineState]] = []
         self._pushes = 0
         #: Load shedding: steps its ``step_filter`` rejects are finalized without an
         #: observation, counted as outcome ``shed`` and reported to it; so are summaries
@@ -250,7 +251,7 @@ class Joiner:
         self._done.clear()
         self._engines.clear()
         self._dirty.clear()
-        self._touched_heap.clear()
+        self._heard_heap.clear()
         self._kv_steps.clear()
         self._count_shed()
         self._update_gauges()
@@ -274,6 +275,8 @@ class Joiner:
 
     def _see(self, source: Source, wall_ns: int) -> None:
         sid = source.id
+        if wall_ns > self._max_wall:
+            self._max_wall = wall_ns
         if wall_ns > self._wm.get(sid, 0):
             self._wm[sid] = wall_ns
             eng = self._engines.get(sid)
@@ -281,8 +284,7 @@ class Joiner:
                 self._dirty.add(eng)  # its watermark moved
                 if wall_ns > eng.touched:
                     eng.touched = wall_ns  # (a live tick moves _wm, never this)
-        if wall_ns > self._max_wall:
-            self._max_wall = wall_ns
+                eng.heard_at = self._max_wall
 
     def _engine(self, source: Source) -> EngineState:
         eng = self._engines.get(source.id)
@@ -291,6 +293,7 @@ class Joiner:
                 self._evict_engines()
             eng = self._engines[source.id] = EngineState(source, self.cfg)
             eng.touched = self._wm.get(source.id, 0)  # _see ran for the record creating it
+            eng.heard_at = self._max_wall
             eng.seq = self._seq
             self._seq += 1
             self._dirty.add(eng)
@@ -872,7 +875,7 @@ class Joiner:
         stale = self._max_wall - 2 * self._window_ns
         window = self._window_ns  # every engine's window_ns (the same config)
         max_steps, max_anchor_steps = self.cfg.max_steps, self.cfg.max_anchor_steps
-        engines, theap = self._engines, self._touched_heap
+        engines, theap = self._engines, self._heard_heap
         if now != self._swept_now:
             # the receiver's clock moved (a tick): every engine's clock may have
             self._swept_now = now
@@ -885,11 +888,11 @@ class Joiner:
             while theap and theap[0][0] < stale:
                 _, _, e = heapq.heappop(theap)
                 if engines.get(e.source.id) is e:
-                    if e.touched < stale:
+                    if e.heard_at < stale:
                         todo.add(e)
-                    else:  # touched since: its place in the heap moved
+                    else:  # heard since: its place in the heap moved
                         self._pushes += 1
-                        heapq.heappush(theap, (e.touched, self._pushes, e))
+                        heapq.heappush(theap, (e.heard_at, self._pushes, e))
             visit = sorted(todo, key=_by_seq)
         self._dirty.clear()
         # Each step below is asked first by a comparison inline (what is due is at the
@@ -925,17 +928,19 @@ class Joiner:
                 eng.expire(wm)
             if not live:
                 self._pushes += 1
-                heapq.heappush(theap, (eng.touched, self._pushes, eng))
-            # replay (no receiver clock): an engine two windows behind the fleet's data
-            # is gone; live, its own clock finishes it (the fleet's would make a backlog
-            # of one engine behind the others stale), and what it learned of itself
+                heapq.heappush(theap, (eng.heard_at, self._pushes, eng))
+            # replay (no receiver clock): an engine not heard from while the fleet's data
+            # ran two windows on is gone (one whose data lags the fleet's but still comes,
+            # a slower exporter, is not: it was forgotten mid-stream, its held steps
+            # leaving with their totals); live, its own clock finishes it (the fleet's
+            # would make a backlog of one engine behind the others stale), and what it learned of itself
             # (anchor calibration, loop mode) is kept for max_lateness_s, for the backlog
             # an idle engine may still send (silent()'s first test inline: most are not)
             t = eng.touched
             if (
                 (t < limit + silent_lag and eng.silent(wm + silent_lag))
                 if live
-                else (t < limit and eng.silent(wm)) or t < stale
+                else (t < limit and eng.silent(wm)) or eng.heard_at < stale
             ):
                 gone.append(sid)
             an = eng.anchors  # eng.over_caps(), inlined
@@ -972,9 +977,9 @@ class Joiner:
             heapq.heapify(self._req_heap)
         if len(theap) > 4 * len(engines) + 1024:  # one entry per engine suffices
             base = self._pushes
-            self._touched_heap = [(e.touched, base + i, e) for i, e in enumerate(engines.values())]
+            self._heard_heap = [(e.heard_at, base + i, e) for i, e in enumerate(engines.values())]
             self._pushes = base + len(engines)
-            heapq.heapify(self._touched_heap)
+            heapq.heapify(self._heard_heap)
         for sid in list(self._ready):  # waiters closed or expired are dropped lazily
             waiters = self._ready[sid]
             if len(waiters) > 4 * len(self._ready_keys) + 1024 or sid not in self._engines:
@@ -1011,16 +1016,16 @@ class Joiner:
         return wm
 
     def _forget_engine(self, sid: str) -> None:
-        """An engine silent for a window of its own clock, or for two of the fleet's (a
-        replay has no wall clock to move a silent engine's on): finish what it left and
-        drop its state, so memory follows the engines that still send."""
+        """An engine silent for a window of its own clock, or not heard from for two of
+        the fleet's (a replay has no wall clock to move a silent engine's on): finish what
+        it left and drop its state, so memory follows the engines that still send."""
         e = self._engines.get(sid)
         if e is None:
             return
         if self._now is not None:
             pass  # live: the sweep found it silent for max_lateness_s of its own clock
         elif not e.silent(e.watermark):
-            if e.touched >= self._max_wall - 2 * self._window_ns:
+            if e.heard_at >= self._max_wall - 2 * self._window_ns:
                 return
             self._finish_engine(e)
         del self._engines[sid]
