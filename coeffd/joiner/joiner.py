@@ -115,6 +115,13 @@ class Joiner:
             self.metrics = JoinerMetrics(metrics)
         self._window_ns = int(self.cfg.window_s * 1e9)
         self._lateness_ns = int(max(self.cfg.max_lateness_s, self.cfg.window_s) * 1e9)
+        # replay (no receiver clock): an engine not heard from while the fleet's data ran
+        # this far on is gone. Two windows were too few: bench closedloop's engine core
+        # (simulated time ~10x real, its exporter queued behind the API server's) paused
+        # while the API server's data ran 65 s on, and was forgotten mid-stream in 4 runs
+        # of 9, ~3,100 steps leaving with their totals; max_lateness_s is what the data may
+        # lag anyway, and what a live engine is given on its own clock
+        self._forget_ns = max(2 * self._window_ns, self._lateness_ns)
         self._wait_delay_ns = int(min(self.cfg.loop_wait_delay_s, 0.9 * self.cfg.window_s) * 1e9)
         self._tol_ns = self.cfg.same_host_tolerance_us * 1e3
         self._engines: dict[str, EngineState] = {}
@@ -156,7 +163,7 @@ class Joiner:
         self._swept_now: object = _UNSWEPT  # the receiver clock of the last sweep
         self._seq = 0  # engines' visiting order: that of self._engines (EngineState.seq)
         # replay (no receiver clock): (heard_at, n, engine) of visited engines, lowest
-        # first: an engine not heard from while the fleet's data ran two windows on is
+        # first: an engine not heard from while the fleet's data ran _forget_ns on is
         # gone, and that moves with the fleet's data, not its own (stale entries are
         # pushed again)
         self._heard_heap: list[tuple[int, int, EngineState]] = []
@@ -872,7 +879,7 @@ class Joiner:
         gone: list[str] = []
         wmap, heard = self._wm, self._heard
         silent_lag = self._window_ns - self._lateness_ns
-        stale = self._max_wall - 2 * self._window_ns
+        stale = self._max_wall - self._forget_ns
         window = self._window_ns  # every engine's window_ns (the same config)
         max_steps, max_anchor_steps = self.cfg.max_steps, self.cfg.max_anchor_steps
         engines, theap = self._engines, self._heard_heap
@@ -882,7 +889,7 @@ class Joiner:
             visit = list(engines.values())
         else:
             # only the engines fed since their last visit (self._dirty), and in replay
-            # the ones the fleet's data left two windows behind; in self._engines' order,
+            # the ones the fleet's data left _forget_ns behind; in self._engines' order,
             # as a visit of every engine would take them
             todo = {e for e in self._dirty if engines.get(e.source.id) is e}
             while theap and theap[0][0] < stale:
@@ -930,12 +937,12 @@ class Joiner:
                 self._pushes += 1
                 heapq.heappush(theap, (eng.heard_at, self._pushes, eng))
             # replay (no receiver clock): an engine not heard from while the fleet's data
-            # ran two windows on is gone (one whose data lags the fleet's but still comes,
-            # a slower exporter, is not: it was forgotten mid-stream, its held steps
-            # leaving with their totals); live, its own clock finishes it (the fleet's
-            # would make a backlog of one engine behind the others stale), and what it learned of itself
-            # (anchor calibration, loop mode) is kept for max_lateness_s, for the backlog
-            # an idle engine may still send (silent()'s first test inline: most are not)
+            # ran max_lateness_s on is gone (one whose data lags the fleet's but still
+            # comes is heard); live, its own clock finishes it (the fleet's would make a
+            # backlog of one engine behind the others stale), and what it learned of
+            # itself (anchor calibration, loop mode) is kept for max_lateness_s, for the
+            # backlog an idle engine may still send (silent()'s first test inline: most
+            # are not)
             t = eng.touched
             if (
                 (t < limit + silent_lag and eng.silent(wm + silent_lag))
@@ -1016,16 +1023,17 @@ class Joiner:
         return wm
 
     def _forget_engine(self, sid: str) -> None:
-        """An engine silent for a window of its own clock, or not heard from for two of
-        the fleet's (a replay has no wall clock to move a silent engine's on): finish what
-        it left and drop its state, so memory follows the engines that still send."""
+        """An engine silent for max_lateness_s of its own clock, or not heard from for as
+        long of the fleet's (a replay has no wall clock to move a silent engine's on):
+        finish what it left and drop its state, so memory follows the engines that still
+        send."""
         e = self._engines.get(sid)
         if e is None:
             return
         if self._now is not None:
             pass  # live: the sweep found it silent for max_lateness_s of its own clock
         elif not e.silent(e.watermark):
-            if e.heard_at >= self._max_wall - 2 * self._window_ns:
+            if e.heard_at >= self._max_wall - self._forget_ns:
                 return
             self._finish_engine(e)
         del self._engines[sid]

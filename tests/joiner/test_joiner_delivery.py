@@ -303,10 +303,11 @@ def test_expiry_reaches_the_newest_sightings_of_an_idle_engine() -> None:
 
 
 def test_engines_that_fall_silent_are_forgotten() -> None:
-    """Engines come and go (replicas replaced, pods renamed): an engine silent for a window
-    leaves no state behind, so memory follows the live engines, not all ever seen."""
+    """Engines come and go (replicas replaced, pods renamed): an engine silent for
+    ``max_lateness_s`` of the fleet's data (here two windows) leaves no state behind, so
+    memory follows the live engines, not all ever seen."""
     window = 5.0
-    j = Joiner(JoinerConfig(window_s=window))
+    j = Joiner(JoinerConfig(window_s=window, max_lateness_s=2 * window))
     held = []
     for i in range(12):  # a new engine identity every 3 s of data, each sending 3 s
         batches, _ = generate(
