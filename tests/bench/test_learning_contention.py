@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from bench.learning import (
+    AlphaRun,
     ContentionRun,
     _contention_checks,
     contention_errors,
@@ -52,6 +53,26 @@ def test_one_small_unshed_error_no_longer_decides_the_check() -> None:
     # a shed run that really costs accuracy on every seed still fails
     worse = [_run(r.e_unshed, 1.3 * r.e_unshed) for r in LLAMA]
     assert not _contention_checks("llama", worse)[0].ok
+
+
+def test_alpha0_is_judged_on_its_own_stream_when_there_is_one() -> None:
+    """Mixtral seed 4's dense stream (−2.34 %: 1.7 standard errors at ~1,040 requests)
+    is information once the longer α0 stream judges α0; that stream fails the same way
+    when shedding moves α0 or misses the truth there."""
+    dense = [*LLAMA[:2], ContentionRun(0.001, 0.001, -0.0043, -0.0234, (1, 1), (3_470, 1_040), [])]
+    dense[2].null.extend([(0.001, -0.01), (0.001, 0.0), (0.001, 0.01)])
+    by_name = {c.name.split(": ", 1)[1]: c for c in _contention_checks("mixtral", dense)}
+    assert not by_name["shed alpha0 vs the truth, max |.| over seeds (dense stream)"].ok
+    ok = [AlphaRun(0.0027, 0.0024, (14_343, 4_134)), AlphaRun(-0.004, 0.006, (1, 1))]
+    checks = _contention_checks("mixtral", dense, ok)
+    assert checks[0].target.startswith("(info")  # the dense stream's α0, not judged
+    judged = {c.name.split(": ", 1)[1]: c for c in checks[1:]}
+    shift = judged["alpha0 moved by shedding, max over seeds (alpha0 stream, steps 0.01)"]
+    assert shift.ok and shift.value == pytest.approx(0.010)
+    off = judged["shed alpha0 vs the truth, max |.| over seeds (alpha0 stream, steps 0.01)"]
+    assert off.ok and off.value == pytest.approx(0.006)
+    moved = [AlphaRun(0.004, -0.017, (1, 1))]  # within 2 % of the truth, moved 2.1 points
+    assert [c.ok for c in _contention_checks("mixtral", dense, moved)[2:4]] == [False, True]
 
 
 def test_null_ratio_uses_the_same_statistic() -> None:
