@@ -118,8 +118,8 @@ class Joiner:
         # replay (no receiver clock): an engine not heard from while the fleet's data ran
         # this far on is gone. Two windows were too few: bench closedloop's engine core
         # (simulated time ~10x real, its exporter queued behind the API server's) paused
-        # while the API server's data ran 65 s on, and was forgotten mid-stream in 4 runs
-        # of 9, ~3,100 steps leaving with their totals; max_lateness_s is what the data may
+        # while the API server's data ran 65 s on, and was forgotten mid-stream in 10 runs
+        # of 17, ~3,100 steps leaving with their totals; max_lateness_s is what the data may
         # lag anyway, and what a live engine is given on its own clock
         self._forget_ns = max(2 * self._window_ns, self._lateness_ns)
         self._wait_delay_ns = int(min(self.cfg.loop_wait_delay_s, 0.9 * self.cfg.window_s) * 1e9)
