@@ -165,7 +165,7 @@ class EngineState:
         self.prefix_cache_off = parse_async_attr(source.get("coeffd.prefix_caching")) is False
         self.touched = 0  # wall ns of the latest record of this engine, kept or not
         # the fleet's newest data (wall ns) when this engine's data last advanced: in a
-        # replay an engine is gone once the fleet's data runs two windows past it, and
+        # replay an engine is gone once the fleet's data runs max_lateness_s past it, and
         # an engine whose export lags the others' (its data behind theirs) but still
         # comes is heard, not gone
         self.heard_at = 0
