@@ -8,6 +8,13 @@ served by an asyncio loop in a background thread. What stays here is what coeffd
 * bodies are read in bounded pieces and refused with 413 as soon as they pass
   ``max_body_bytes`` (Content-Length: before reading any of it), so a connection holds at
   most one limit's worth whatever the chunking;
+* a chunked body is refused with 413 past ``max(MIN_CHUNKS, max_body_bytes //
+  MIN_CHUNK)`` chunks (16,384 at 16 MiB), counted as llhttp parses them, and its
+  connection is then neither read nor drained: aiohttp calls Python per chunk, and 8 MiB
+  of 2-byte chunks cost the loop ~5 s of CPU; now the bound plus one read's parse at most
+  (aiohttp pauses after 16,384 unread chunks, ~20 ms). ``bench dos --part http``
+  2026-11-29: two such bodies answered 413 after 3-5 MiB sent, not 200 after ~21 s, peak
+  RSS 98-104 MB instead of 129-136;
 * the TLS handshake runs per connection with a deadline, outside the connection cap: a
   client that never starts it costs a socket until it times out, cannot take a slot a
   probe needs and delays no one's handshake (:mod:`coeffd.base.tlsdoor`);
@@ -53,6 +60,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import structlog
 from aiohttp import web
+from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
 from coeffd.base.tlsdoor import CLOSER, Acceptor, TlsDoor
@@ -76,6 +84,21 @@ READ_PIECE = 256 * 1024
 #: Seconds and bytes a refused body is still read and dropped, so a client that writes
 #: its whole body before reading sees the 413 instead of a reset.
 DRAIN_SECONDS = 2.0
+#: Decoded bytes per chunk a chunked body gets on average: it may have at most
+#: ``max(MIN_CHUNKS, max_body_bytes // MIN_CHUNK)`` chunks, past which it is refused and
+#: its connection closed unparsed. aiohttp calls into Python three times per chunk (1.2 us
+#: a chunk here): 2-byte chunks cost ~0.6 s of loop CPU per MiB of body, while at 1 KiB a
+#: chunk the framing of a body at the limit costs ~1.2 ms per MiB, less than decoding it.
+#: Real clients stay well above 1 KiB: OTLP exporters send Content-Length bodies, and
+#: streaming clients write chunks of 4 KiB (Java's default) to 64 KiB (Go's ``io.Copy``
+#: 32 KiB, curl, urllib3's 16 KiB file blocks); only ``requests``/``urllib3`` fed a
+#: generator of small pieces (one chunk each) could exceed the bound, and only with more
+#: than ``MIN_CHUNKS`` of them. The answer is 413, as for ``max_body_bytes``: the body is
+#: refused for what it would cost, its framing is valid (400 is for broken framing);
+#: OTLP/HTTP exporters do not retry it, and the receivers count it with the body-size
+#: refusals.
+MIN_CHUNK = 1024
+MIN_CHUNKS = 64
 #: How often connections overdue for their request are looked for.
 REAP_INTERVAL = 0.25
 #: Seconds a new connection is "young" for the connection cap, and how many young silent
@@ -203,9 +226,18 @@ class _Refused(Exception):
         self.response = response
 
 
+#: aiohttp's parsing of what a connection received (called without ``super()``'s cost)
+_data_received = RequestHandler.data_received
+
+
+class _ChunkFlood(Exception):
+    """A chunked body past its chunk bound (:data:`MIN_CHUNK`), set on its stream."""
+
+
 class _Protocol(RequestHandler):
     """aiohttp's connection handler; its framing errors (bad chunk sizes, conflicting
-    lengths, unknown transfer codings) are counted and answered in our shape."""
+    lengths, unknown transfer codings) are counted and answered in our shape, and the
+    chunks of a chunked body are counted as they are parsed (:meth:`data_received`)."""
 
     def __init__(self, owner: HttpServer, manager: _Manager, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
@@ -215,6 +247,53 @@ class _Protocol(RequestHandler):
         self.accepted: float | None = None
         #: holds a slot of the cap (False once cut for a newcomer: the slot is its)
         self.counted = False
+        #: the body being read (:meth:`HttpServer._body`), its chunks so far, their bound
+        self._body: StreamReader | None = None
+        self._chunks = 0
+        self._max_chunks = owner.max_body_chunks
+
+    def count_chunks(self, body: StreamReader | None) -> None:
+        """Count the chunks of ``body`` from now until it is read (None: stop), those
+        parsed before included: nothing of it is read yet, so its stream still holds one
+        position per chunk (``_http_chunk_splits``)."""
+        self._body = body
+        self._chunks = 0
+        if body is not None and body._http_chunk_splits:
+            self._chunks = len(body._http_chunk_splits)
+            if self._chunks > self._max_chunks:
+                self._flood(body)
+
+    def data_received(self, data: bytes) -> None:
+        """aiohttp's parsing, counting the chunks of the body being read: llhttp appends
+        one stream position per chunk while it parses, and none is taken before this
+        returns (the body is read by another task). The check comes after one read's
+        parse, which aiohttp's own flow control ends after ``READ_PIECE // 16`` chunks
+        (16,384: ~20 ms of CPU), as it ends the parse before the body is read.
+        No ``super()`` call, and nothing more for a connection not reading a chunked
+        body: this runs once per read."""
+        body = self._body
+        if body is None:
+            _data_received(self, data)
+            return
+        splits = body._http_chunk_splits
+        before = len(splits) if splits else 0
+        _data_received(self, data)
+        splits = body._http_chunk_splits
+        if splits:
+            n = self._chunks = self._chunks + len(splits) - before
+            if n > self._max_chunks:
+                self._flood(body)
+
+    def _flood(self, body: StreamReader) -> None:
+        """Past the bound: the reader gets :class:`_ChunkFlood` (413); aiohttp parses
+        nothing more (``close``) nor reads on after the answer (its lingering), and the
+        socket is no longer read."""
+        self._body = None
+        self.close()
+        self._lingering_time = 0.0
+        if self.transport is not None:
+            self.transport.pause_reading()
+        body.set_exception(_ChunkFlood(f"body in more than {self._max_chunks} chunks"))
 
     def handle_error(
         self,
@@ -564,6 +643,8 @@ class HttpServer:
         self.router = router or Router()
         self.name = name
         self.max_body_bytes = max_body_bytes
+        #: chunks a chunked body may have (:data:`MIN_CHUNK`)
+        self.max_body_chunks = max(MIN_CHUNKS, max_body_bytes // MIN_CHUNK)
         self.on_refused = on_refused
         self.error_response = error_response
         self.max_connections = max_connections
@@ -917,7 +998,11 @@ class HttpServer:
             return b""
         buf = bytearray()
         content = request.content
+        proto = request.protocol
+        counter = proto if isinstance(proto, _Protocol) and length is None else None  # chunked
         try:
+            if counter is not None:
+                counter.count_chunks(content)
             while True:
                 piece = await content.read(READ_PIECE)
                 if not piece:
@@ -930,12 +1015,21 @@ class HttpServer:
                 buf += piece
         except _Refused:
             raise
+        except _ChunkFlood as e:  # no drain: the rest would cost the parse it is refused for
+            reason = str(e)
+            resp = self.error(413, reason, ctype)
+            resp.force_close()
+            self.refused(413, reason, client)
+            raise _Refused(resp) from None
         except Exception as e:  # aiohttp's payload errors: framing broken mid-body
             reason = f"malformed body: {str(e)[:200]}"
             resp = self.error(400, reason, ctype)
             resp.force_close()
             self.refused(400, reason, client)
             raise _Refused(resp) from None
+        finally:
+            if counter is not None:
+                counter.count_chunks(None)
         return bytes(buf)
 
     async def _refuse(
