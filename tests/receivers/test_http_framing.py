@@ -116,7 +116,8 @@ def _hwm_mb(pid: int) -> float:
 def test_tiny_chunks_do_not_grow_memory() -> None:
     # 1 MiB of 1-byte chunks (6 MB on the wire), under the 8 MiB limit: the old reader
     # kept one bytes object per chunk (~45 MB); bounded reading holds ~1 MiB + a
-    # bounded buffer of undelivered chunks.
+    # bounded buffer of undelivered chunks, and past max(64, 8 MiB // MIN_CHUNK) = 8,192
+    # chunks the body is refused (413) and its connection no longer read.
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.Popen(
         [sys.executable, "-c", _SERVER],
@@ -134,15 +135,15 @@ def test_tiny_chunks_do_not_grow_memory() -> None:
         with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
             s.sendall(HEAD.replace(b"/v1/traces", b"/x") + b"Transfer-Encoding: chunked\r\n\r\n")
             piece = b"1\r\nx\r\n" * 8192
-            for _ in range(n // 8192):
-                s.sendall(piece)
-            s.sendall(b"0\r\n\r\n")
+            with contextlib.suppress(OSError):  # cut off once refused
+                for _ in range(n // 8192):
+                    s.sendall(piece)
+                s.sendall(b"0\r\n\r\n")
             answer = b""
-            while not answer.endswith(str(n).encode()):
-                chunk = s.recv(65536)
-                assert chunk, answer
-                answer += chunk
-        assert _status(answer) == 200
+            with contextlib.suppress(OSError):  # a reset may overtake the answer
+                while chunk := s.recv(65536):
+                    answer += chunk
+        assert answer == b"" or _status(answer) == 413, answer
         grown = _hwm_mb(proc.pid) - before
         assert grown < 20, f"peak RSS grew {grown:.1f} MB for a 1 MiB body"
     finally:
