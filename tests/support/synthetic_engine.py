@@ -50,6 +50,7 @@ class SynthConfig:
     idle_for_s: float = 2.0
     max_export_delay_s: float = 5.0
     same_host: bool = True
+    api_source: bool = False  # same host: the API server a source of its own all the same
     kv_offload: bool = False
     tp: int = 1
     engine_name: str = "e0"
@@ -111,7 +112,9 @@ class _Sim:
         )
         self.src = Source(f"eng-{cfg.engine_name}", attrs)
         self.api_src = (
-            self.src if cfg.same_host else Source(f"api-{cfg.engine_name}", (("host", "b"),))
+            self.src
+            if cfg.same_host and not cfg.api_source
+            else Source(f"api-{cfg.engine_name}", (("host", "b" if not cfg.same_host else "a"),))
         )
         self.kv_src = Source(f"kv-{cfg.engine_name}", attrs)
         self.truth = Truth(async_scheduling=cfg.async_scheduling)
