@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import tempfile
 import tomllib
 from collections.abc import Mapping
@@ -573,7 +574,9 @@ def check_startup(settings: Settings) -> None:
         try:
             BlisBasis(spec, hw, c.tp, c.dp, c.moe_comm_backend)
         except ValueError as e:
-            raise SettingsError(f"invalid setting configuration.tp={c.tp}: {e}") from None
+            # name the key the basis refused (dp > 1 on a dense model was shown as tp=1)
+            key, value = _basis_key(str(e), c)
+            raise SettingsError(f"invalid setting configuration.{key}={value}: {e}") from None
     for key, value in (
         ("catalog.models_dir", settings.catalog.models_dir),
         ("catalog.hardware_dir", settings.catalog.hardware_dir),
@@ -591,6 +594,15 @@ def check_startup(settings: Settings) -> None:
                     f"invalid setting {key}={_shown(value)}: {problem}; "
                     f"choose a directory this user can write{off}"
                 )
+
+
+def _basis_key(message: str, c: ConfigurationSettings) -> tuple[str, str]:
+    """The ``configuration`` key (and its shown value) a :class:`BlisBasis` error is about."""
+    if "MoE comm backend" in message:
+        return "moe_comm_backend", _shown(c.moe_comm_backend)
+    if re.search(r"\bdp\b", message):
+        return "dp", str(c.dp)
+    return "tp", str(c.tp)
 
 
 def unwritable(directory: str | os.PathLike[str]) -> str | None:
