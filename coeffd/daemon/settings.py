@@ -100,9 +100,11 @@ def _shown(value: Any) -> str:
 
 
 class _Section(BaseModel):
-    """Base of every section: unknown keys are errors, values are validated on assignment."""
+    """Base of every section: unknown keys are errors, values are validated on assignment,
+    numbers are finite (``inf`` and ``nan`` validated every bound-less float, then broke
+    whatever converted them; every section model says ``allow_inf_nan=False``)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class LogSettings(_Section):
@@ -111,8 +113,9 @@ class LogSettings(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     #: ``auto``: JSON lines when stdout is not a TTY, human console output when it is.
     format: Literal["auto", "json", "console"] = "auto"
-    #: Minimum seconds between two log lines about the same recurring problem.
-    rate_limit_seconds: float = Field(default=10.0, ge=0.0)
+    #: Minimum seconds between two log lines about the same recurring problem (at most a
+    #: day: a recurring problem is logged at least daily).
+    rate_limit_seconds: float = Field(default=10.0, ge=0.0, le=86_400.0)
 
 
 class HttpSettings(_Section):

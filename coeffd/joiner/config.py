@@ -8,7 +8,15 @@ microseconds.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+#: Upper bound of every seconds setting here: 30 days. The joiner holds data and
+#: deadlines as int nanoseconds (``int(s * 1e9)``: 1e300 s overflowed to inf and raised
+#: OverflowError when the joiner was built), and a wall clock (~1.8e18 ns) plus this
+#: stays far inside int64. Far above any backlog worth joining (the OTel SDK retries for
+#: ~63 s, the Collector's queue ~5 min), yet long enough for "never expires" in tests
+#: (a window of 1e6 s, ~12 days). Floats are finite-only (``allow_inf_nan=False``).
+MAX_SECONDS = 30 * 86_400.0
 
 
 class AnchorPriors(BaseModel):
@@ -20,7 +28,7 @@ class AnchorPriors(BaseModel):
     the priors only need to be *safe*, not tight.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     # SCHEDULED(n) lies in [S(n), E(n)]: S(n) = t - (0 .. scheduler CPU time)
     scheduled_lo_us: float = -3000.0
@@ -32,6 +40,18 @@ class AnchorPriors(BaseModel):
     completion_lo_us: float = 0.0
     completion_hi_us: float = 2000.0
 
+    @model_validator(mode="after")
+    def _ranges(self) -> AnchorPriors:
+        # lo > hi is an empty range: no anchor of that type would pin any step, silently
+        for kind in ("scheduled", "queued", "completion"):
+            lo, hi = getattr(self, f"{kind}_lo_us"), getattr(self, f"{kind}_hi_us")
+            if lo > hi:
+                raise ValueError(
+                    f"joiner.anchor_priors.{kind}_lo_us ({lo}) must be at most "
+                    f"joiner.anchor_priors.{kind}_hi_us ({hi})"
+                )
+        return self
+
 
 class JoinerConfig(BaseModel):
     """``[joiner]`` settings section.
@@ -40,17 +60,19 @@ class JoinerConfig(BaseModel):
     30.0
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     window_s: float = Field(
         default=30.0,
         gt=0,
+        le=MAX_SECONDS,
         description="How long (seconds of the emitting process's wall clock) a partial join "
         "waits for its other parts; also the dedupe horizon.",
     )
     max_lateness_s: float = Field(
         default=300.0,
         gt=0,
+        le=MAX_SECONDS,
         description="How far (seconds of its own wall clock) a span may lag behind the newest "
         "data of its source and still be joined: a backlog the OTel SDK (~63 s) or the "
         "Collector's sending queue (5 min) delivers after an outage. Older data is counted as "
@@ -61,6 +83,7 @@ class JoinerConfig(BaseModel):
     composition_wait_s: float | None = Field(
         default=None,
         gt=0,
+        le=MAX_SECONDS,
         description="How long (seconds of the engine's wall clock after its summary) a "
         "sampled step whose requests are still running waits for their journeys, which "
         "vLLM exports only when a request ends: its period is decided at window_s, its "
@@ -144,6 +167,7 @@ class JoinerConfig(BaseModel):
     loop_wait_delay_s: float = Field(
         default=10.0,
         gt=0,
+        le=MAX_SECONDS,
         description="How long (data seconds after a request's QUEUED) its loop wait waits "
         "for the journeys of the requests around it before it is decided; the request "
         "observation is held that long. Must stay below window_s (the steps it reads are "
@@ -185,7 +209,10 @@ class JoinerConfig(BaseModel):
         default=1000, ge=0, description="Max |summary step - queued step| for the queue state."
     )
     summary_log_interval_s: float = Field(
-        default=60.0, gt=0, description="Seconds between structured window-summary log lines."
+        default=60.0,
+        gt=0,
+        le=MAX_SECONDS,
+        description="Seconds between structured window-summary log lines.",
     )
     kv_link_keys: tuple[str, ...] = Field(
         default=("coeffd.engine", "service.instance.id", "k8s.pod.name", "service.name"),

@@ -24,7 +24,7 @@ __all__ = ["DriftConfig", "EvaluationConfig", "LearnersConfig"]
 class DriftConfig(BaseModel):
     """Drift detection on standardised residuals and the reaction to an alarm."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     enabled: bool = True
     detector: Literal["adwin", "page_hinkley"] = "adwin"
@@ -41,10 +41,15 @@ class DriftConfig(BaseModel):
 class EvaluationConfig(BaseModel):
     """Prequential evaluation and the batch-refit baseline."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    window: int = Field(default=500, ge=10, description="rolling window for MAPE/RMSE")
-    baseline_window: int = Field(default=1000, ge=20, description="batch refit: rows kept")
+    # Both windows are preallocated per configuration (a window of 2**63 raised "array is
+    # too big" when the first configuration was created): at most 100,000 rows, 0.4 MB
+    # per rolling-error ring, ~5 MB of batch-refit rows (bench/fleetview.py runs 20,000).
+    window: int = Field(default=500, ge=10, le=100_000, description="rolling window for MAPE/RMSE")
+    baseline_window: int = Field(
+        default=1000, ge=20, le=100_000, description="batch refit: rows kept"
+    )
     baseline_refit_every: int = Field(default=100, ge=1, description="batch refit cadence")
     kv_saturated: float = Field(default=0.9, gt=0, le=1, description="KV usage of the KV regime")
     heavy_fraction: float = Field(default=0.8, gt=0.5, lt=1, description="prefill/decode-heavy")
@@ -53,7 +58,7 @@ class EvaluationConfig(BaseModel):
 class LearnersConfig(BaseModel):
     """Per-configuration learners: forgetting, robustness, priors, registry bounds."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     # λ = 0.989: memory ~90 steps (about a second of a busy engine). bench/learning.py
     # trades two drift shapes against each other: shorter memory tracks a gradual drift
@@ -79,8 +84,14 @@ class LearnersConfig(BaseModel):
     # time gets a prior worth ≈ strength/s² observations (see learners.prior). 0.01: the
     # prior decides only what the data cannot (bench: 1.0 kept steady error 5–20 % above
     # the floor through prior bias in collinear directions).
-    prior_strength: float = Field(default=0.01, gt=0)
-    prior_scale_floor: float = Field(default=1.0, gt=0, description="prior scale of zero coefs")
+    # A zero coefficient's prior precision is strength / floor²: the bounds keep it finite
+    # (≤ 1e18; a floor of 1e-300 made it inf and the first configuration's learners
+    # raised "prior_precision must be finite"; a floor of 1e300 overflowed squared). A
+    # strength of 1e6 already pins the prior, a floor of 1e6 is no prior at all.
+    prior_strength: float = Field(default=0.01, gt=0, le=1e6)
+    prior_scale_floor: float = Field(
+        default=1.0, ge=1e-6, le=1e6, description="prior scale of zero coefs"
+    )
     identify_threshold: float = Field(default=0.5, gt=0, lt=1)
     # The published β (issue 15, learners.steady): a long-memory learner in steady state
     # (0.9999: ~10,000 observations, ~100 s of one engine at every-step sampling; bench

@@ -19,7 +19,7 @@ __all__ = ["OtlpGrpcSettings", "OtlpHttpSettings", "ReceiverSettings"]
 class _Section(BaseModel):
     """Like every settings section: unknown keys are errors, assignments validated."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class OtlpGrpcSettings(_Section):

@@ -105,6 +105,36 @@ def test_config_from_env_var_and_cli_flags(tmp_path: Path) -> None:
             "[pipeline]\nshed_start = 0.6\nshed_full = 0.5\n",
             "invalid setting pipeline=",
         ),
+        (
+            "env",
+            {"COEFFD_JOINER__COMPOSITION_WAIT_S": "0"},
+            "invalid setting joiner.composition_wait_s='0': Input should be greater than 0",
+        ),
+        (
+            "toml",
+            "[joiner]\nmax_composition_waits = 0\n",
+            "invalid setting joiner.max_composition_waits=0: Input should be greater than 0",
+        ),
+        (
+            "env",
+            {"COEFFD_JOINER__LOOP_WAIT_MIN_CALIBRATION": "0"},
+            "invalid setting joiner.loop_wait_min_calibration='0': Input should be greater than or equal to 1",
+        ),
+        (
+            "env",
+            {"COEFFD_JOINER__WINDOW_S": "inf"},
+            "invalid setting joiner.window_s='inf': Input should be a finite number",
+        ),
+        (
+            "toml",
+            "[joiner]\nmax_lateness_s = 1e300\n",
+            "invalid setting joiner.max_lateness_s=1e+300: Input should be less than or equal to 2592000",
+        ),
+        (
+            "toml",
+            "[learners]\nprior_strength = nan\n",
+            "invalid setting learners.prior_strength=nan: Input should be a finite number",
+        ),
     ],
 )
 def test_invalid_values_one_line(tmp_path: Path, layer: str, value: object, message: str) -> None:

@@ -12,7 +12,7 @@ __all__ = ["QuerySettings"]
 class QuerySettings(BaseModel):
     """The query tier (``[query]``): which peers, how often, how long a lost one stays."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     #: Comma-separated base URLs and/or ``dns+HOST:PORT`` entries (``--peers``).
     peers: str = ""

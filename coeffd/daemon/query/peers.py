@@ -138,7 +138,7 @@ def resolve_peers(
 class PeerClientSettings(BaseModel):
     """How the query tier asks its peers (``query.client``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     #: PEM CA bundle that peers' certificates must chain to ("" = the system's).
     ca_file: str = ""

@@ -322,7 +322,9 @@ class ConfigurationSettings(BaseModel):
     of a multi-GPU file).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, protected_namespaces=(), allow_inf_nan=False
+    )
 
     model: str = Field(description="bundled model name or path to config.json")
     model_name: str | None = Field(default=None, description="name used in the id and labels")
