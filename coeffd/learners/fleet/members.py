@@ -219,6 +219,8 @@ def discount_quirks(
     >>> round(float(db[0, 0] / da[0, 0, 0]), 6)   # same estimate, less weight
     2.0
     """
+    if quirk <= 0:  # no quirk: P is infinite and A - A (A + P)⁻¹ A is A (without 1/0)
+        return a, b
     a0, b0 = prior
     try:
         scale = np.abs(np.linalg.solve(a0 + a.sum(axis=0), b0 + b.sum(axis=0)))
