@@ -77,6 +77,7 @@ FloatArray = npt.NDArray[np.float64]
 QUIRK = 0.02
 #: Relative noise variance below which a member's rows count as noise-free (0.01 %
 #: standard deviation; a real engine's step times vary by percents).
+_P_MAX = 1e300  # a quirk's precision at most this: (A + P)⁻¹ A stays finite, ≈ 0
 NOISELESS = 1e-8
 
 
@@ -235,7 +236,13 @@ def discount_quirks(
         s2 = noise[k] if m.rows_y is not None or m.noise_var is not None else typical
         if s2 < NOISELESS:  # synthetic rows: no noise to weigh a quirk against
             continue
-        p = np.diag(s2 / (quirk * scale) ** 2)
+        with np.errstate(divide="ignore", over="ignore"):
+            # a quirk (or scale) so small that its precision overflows is the no-quirk
+            # limit in that direction: capped finite, so the solve stays free of inf/nan
+            p_diag = np.minimum(s2 / (quirk * scale) ** 2, _P_MAX)
+        if not np.all(np.isfinite(p_diag)):
+            continue
+        p = np.diag(p_diag)
         try:
             ga = np.linalg.solve(a[k] + p, a[k])
             gb = np.linalg.solve(a[k] + p, b[k])
