@@ -256,12 +256,25 @@ class SteadyEstimator:
 
     def _compare_one(self, y: float, pf: float, ps: float) -> None:
         """:meth:`_compare_rows` of one row (a finished request's α), the same arithmetic
-        without the lists."""
-        g = 1.0 / max(self.memory, 1)
+        without the lists; the builtins min and max as the comparisons they make (a
+        finished request compares ~3 times: the calls were most of it)."""
+        m = self.memory
+        g = 1.0 / (1 if m < 1 else m)  # max(m, 1): max keeps its first unless one is greater
         f, s = self._err_fast, self._err_slow
-        ay = max(abs(y), 1e-12)
-        a = min(max((y - pf) / ay, -_ERR_CLIP), _ERR_CLIP)
-        r = min(max((y - ps) / ay, -_ERR_CLIP), _ERR_CLIP)
+        ay = abs(y)
+        if ay < 1e-12:
+            ay = 1e-12
+        clip = _ERR_CLIP
+        a = (y - pf) / ay
+        if a < -clip:
+            a = -clip
+        if a > clip:  # min keeps its first unless one is less
+            a = clip
+        r = (y - ps) / ay
+        if r < -clip:
+            r = -clip
+        if r > clip:
+            r = clip
         self._err_fast = abs(a) if f != f else f + g * (abs(a) - f)  # f != f: nothing yet
         self._err_slow = abs(r) if s != s else s + g * (abs(r) - s)
         self._bias_slow += g * (r - self._bias_slow)
@@ -270,15 +283,13 @@ class SteadyEstimator:
 
     def _judge(self, rows: int, g: float) -> None:
         """After ``rows`` compared rows: switch modes when the comparison says so."""
-        s, b, bf, f = self._err_slow, self._bias_slow, self._bias_fast, self._err_fast
         self._rows += rows
-        # Lag: the long-memory residuals are biased (an EW mean of residuals has sd ≈
-        # σ·√(g/2), σ ≈ 1.25·E|e|) while the fast ones are not (both are while they
-        # converge from the prior).
-        sd = 1.25 * s * math.sqrt(g / 2.0)
-        lagging = abs(b) > self.bias_z * sd and abs(bf) < abs(b) / 2
-        alarms = self._fast_alarms()
-        slow_alarms = self._slow_alarms()
+        # the detectors' counts (_fast_alarms, _slow_alarms) inline: a finished request
+        # judges ~3 times, and the lag test below is only worked out where it is read
+        drift = self.fast.drift
+        alarms = 0 if drift is None else drift.detections
+        drift = self.slow.drift
+        slow_alarms = 0 if drift is None else drift.detections
         if slow_alarms > self._slow_seen:
             # its own detector saw its residuals shift (a lag in a gradual change); its
             # monitor has already applied the drift policy to it
@@ -290,12 +301,21 @@ class SteadyEstimator:
             self._track()
         elif self.mode == STEADY:
             # not while both still converge from the prior (their errors differ by design)
-            settled = self._rows >= self.memory and self.slow.n_learned >= 2 * self.memory
-            if settled and (s > f * (1.0 + self.margin) or lagging):
-                self._track()
-        elif self._rows >= self.hold and s <= f and abs(b) <= sd:
-            self.mode = STEADY
-            self._rows = 0
+            if self._rows >= self.memory and self.slow.n_learned >= 2 * self.memory:
+                s, b = self._err_slow, self._bias_slow
+                # Lag: the long-memory residuals are biased (an EW mean of residuals has
+                # sd ≈ σ·√(g/2), σ ≈ 1.25·E|e|) while the fast ones are not (both are
+                # while they converge from the prior).
+                if s > self._err_fast * (1.0 + self.margin) or (
+                    abs(b) > self.bias_z * (1.25 * s * math.sqrt(g / 2.0))
+                    and abs(self._bias_fast) < abs(b) / 2
+                ):
+                    self._track()
+        elif self._rows >= self.hold:
+            s, b = self._err_slow, self._bias_slow
+            if s <= self._err_fast and abs(b) <= 1.25 * s * math.sqrt(g / 2.0):
+                self.mode = STEADY
+                self._rows = 0
 
     def _track(self, inflate: bool = True) -> None:
         """The physics changed: publish the fast tracker; the long-memory learner forgets
