@@ -303,8 +303,13 @@ class EngineState:
                 self.max_step = step
             if step > self._tail_step:
                 self._tail_step = step
-        else:
-            self._first_sighting(wall, step)
+        else:  # self._first_sighting(wall, step) past its bucket test, inlined
+            if step > self.max_step:
+                self.max_step = step
+            if end:
+                self.timeline.append((end, self._tail_step))
+            self._tail_end = (wall // _SIGHTING_BUCKET_NS + 1) * _SIGHTING_BUCKET_NS
+            self._tail_step = step
         # the starts it may pin: S(n) for SCHEDULED(n), S(n+1) for QUEUED(n), S(n+1+a) for
         # a completion (a unknown here: both); _mark's append inline when they are newest
         pins = self.pinnable
@@ -315,14 +320,20 @@ class EngineState:
             if last != first:
                 pins.append(last)
         else:  # mostly the newest mark already (the step's other anchors set it)
+            # _mark's insert inline (top > first here, so it is never an append): the
+            # journeys of requests in flight interleave, so this runs for most anchors
             top = pins[-1]
-            if top != first:
-                _mark(pins, first)  # (an insert below the newest: top stays the last)
+            if top != first:  # an insert below the newest: top stays the last
+                i = bisect.bisect_left(pins, first)
+                if pins[i] != first:
+                    pins.insert(i, first)
             if last != first:
                 if top < last:
                     pins.append(last)
-                elif top != last:
-                    _mark(pins, last)
+                elif top != last:  # top > last: likewise an insert
+                    i = bisect.bisect_left(pins, last)
+                    if pins[i] != last:
+                        pins.insert(i, last)
 
     def add_coverage(self, start: int, end: int) -> None:
         """Record that every summary of steps ``start..end`` has been delivered."""

@@ -413,7 +413,8 @@ class Joiner:
     # ================================================================= handlers
 
     def _on_request_span(self, r: RequestSpan) -> None:
-        self._boundary()
+        if self._pending_cov:  # _boundary()'s first test inline (once per span)
+            self._boundary()
         self._cur = self._cur_si = self._cur_core = None
         si = r.span
         key = (si.trace_id, si.span_id)
@@ -437,7 +438,9 @@ class Joiner:
         entry.api = r
         self._cur = (key, entry, None, None)
         self._cur_si, self._cur_core, self._cur_eng = si, None, None
-        self._try_emit(entry)
+        ev = entry.api_events  # _try_emit's first test here: its API events mostly follow
+        if _DEPARTED in ev or _ABORTED in ev:
+            self._try_emit(entry)
 
     def _on_api_event(self, ev: ApiEvent) -> None:
         si = ev.span
@@ -463,7 +466,8 @@ class Joiner:
                 self._try_emit(entry)
 
     def _on_core_span(self, r: CoreSpan) -> None:
-        self._boundary()
+        if self._pending_cov:  # _boundary()'s first test inline (once per span)
+            self._boundary()
         self._cur = self._cur_si = self._cur_core = None
         si = r.span
         skey = (si.trace_id, si.span_id)
@@ -493,7 +497,10 @@ class Joiner:
         self._dirty.add(eng)  # its journey events follow
         self._cur = (skey, entry, core, eng)
         self._cur_si, self._cur_core, self._cur_eng = si, core, eng
-        self._try_emit(entry)
+        # _try_emit's first test here: a core span's FINISHED follows it, so most stop
+        ev = entry.api_events
+        if entry.api is not None and (_DEPARTED in ev or _ABORTED in ev):
+            self._try_emit(entry)
 
     def _on_journey(self, ev: JourneyEvent) -> None:
         si = ev.span
@@ -549,12 +556,15 @@ class Joiner:
             if entry is None:
                 assert self._cur is not None
                 entry = self._cur[1]
-            self._try_emit(entry)
+            api_ev = entry.api_events  # _try_emit's first test here (the API half may trail)
+            if entry.api is not None and (_DEPARTED in api_ev or _ABORTED in api_ev):
+                self._try_emit(entry)
             return
         eng.add_anchor(ev)
 
     def _on_step_span(self, r: StepSpan) -> None:
-        self._boundary()
+        if self._pending_cov:  # _boundary()'s first test inline (once per span)
+            self._boundary()
         self._cur = self._cur_si = self._cur_core = None
         si = r.span
         self._see(si.source, si.end_wall_ns)
@@ -659,19 +669,16 @@ class Joiner:
         heapq.heappush(self._req_heap, (entry.deadline_wall, key, clock))
         return entry
 
-    def _expected_cores(self, entry: RequestEntry) -> int:
-        n = entry.api.n if entry.api is not None else None
-        return n if n is not None and n > 1 else 1
-
     def _try_emit(self, entry: RequestEntry) -> None:
         """Emit the observation of every finished core whose queue state is final."""
         ev = entry.api_events  # entry.api_done(), inlined: most calls stop here
         if entry.api is None or (_DEPARTED not in ev and _ABORTED not in ev):
             return
+        engines = self._engines
         for core in entry.cores.values():
             if core.emitted or core.finished is None or core.span is None:
                 continue
-            eng = self._engines.get(core.span.span.source.id)
+            eng = engines.get(core.span.span.source.id)
             if eng is None:
                 continue
             qs, final = (None, True)
@@ -682,7 +689,8 @@ class Joiner:
                 continue
             self._emit_request(entry, core, eng.source, qs)
         cores = entry.cores
-        if len(cores) >= self._expected_cores(entry):
+        n = entry.api.n  # the cores expected: n when n > 1, else one (entry.api is set)
+        if len(cores) >= (n if n is not None and n > 1 else 1):
             for c in cores.values():
                 if not c.emitted:
                     return
