@@ -122,6 +122,9 @@ class Joiner:
         # of 17, ~3,100 steps leaving with their totals; max_lateness_s is what the data may
         # lag anyway, and what a live engine is given on its own clock
         self._forget_ns = max(2 * self._window_ns, self._lateness_ns)
+        # how long past its deadline a half-joined request may wait for a stalled peer
+        # (:meth:`_park`): up to max_lateness_s of its own clock in all
+        self._park_ns = self._lateness_ns - self._window_ns
         self._wait_delay_ns = int(min(self.cfg.loop_wait_delay_s, 0.9 * self.cfg.window_s) * 1e9)
         self._tol_ns = self.cfg.same_host_tolerance_us * 1e3
         self._engines: dict[str, EngineState] = {}
@@ -711,7 +714,7 @@ class Joiner:
         if api is not None:  # (always: both sides are in) the pair is known in one lookup
             peers = self._peers.get(src.id)
             if peers is None or api.span.source.id not in peers:
-                self._note_peers(entry, src)
+                self._note_peers(api.span.source.id, src.id)
         eng = self._engines.get(src.id)
         q = core.queued
         if eng is not None and q is not None:
@@ -1039,21 +1042,17 @@ class Joiner:
         :attr:`_peers`), up to max_lateness_s of its own clock. Without it a stalled
         exporter lost every request of the stall: an engine core's spans 65 s behind its
         API server's (bench closedloop, ~10x real time) expired 100-450 of ~650."""
+        core = next((c.span for c in entry.cores.values() if c.span is not None), None)
         if entry.api is not None:
-            for c in entry.cores.values():
-                if c.span is not None:
-                    return False  # both sides came (n > 1 waits for the rest as before)
+            if core is not None:
+                return False  # both sides came (n > 1 waits for the rest as before)
             own = entry.api.span.source.id
+        elif core is not None:
+            own = core.span.source.id
         else:
-            own = ""
-            for c in entry.cores.values():
-                if c.span is not None:
-                    own = c.span.span.source.id
-                    break
-            if not own:
-                return False
+            return False
         peers = self._peers.get(own)
-        if not peers or self._clock(own) >= deadline + self._lateness_ns - self._window_ns:
+        if not peers or self._clock(own) >= deadline + self._park_ns:
             return False
         slow, t = "", deadline
         for p in peers:
@@ -1069,7 +1068,7 @@ class Joiner:
         """Expire the parked requests whose slow source caught up past their deadline
         (their other part did not come) or whose own clock ran max_lateness_s on."""
         expired = False
-        extra = self._lateness_ns - self._window_ns
+        extra = self._park_ns
         for slow in list(self._parked):
             parked = self._parked[slow]
             clock = self._clock(slow)
@@ -1086,22 +1085,18 @@ class Joiner:
                 del self._parked[slow]
         return expired
 
-    def _note_peers(self, entry: RequestEntry, src: Source) -> None:
-        """Remember that ``entry``'s API server and ``src`` (its engine) serve each
-        other's requests (:meth:`_park`): only from an observation built, so on one host
+    def _note_peers(self, api: str, engine: str) -> None:
+        """Remember that API server ``api`` and engine ``engine`` serve each other's
+        requests (:meth:`_park`): only from an observation built, so on one host
         (``same_host``), whose wall clocks :meth:`_park` may compare."""
-        api = entry.api
-        if api is None:
-            return
-        a, e = api.span.source.id, src.id
         peers = self._peers
         if len(peers) > 4 * len(self._engines) + 1024:  # sources long gone
             live = self._wm
             self._peers = peers = {
                 k: {x for x in v if x in live} for k, v in peers.items() if k in live
             }
-        peers.setdefault(a, set()).add(e)
-        peers.setdefault(e, set()).add(a)
+        peers.setdefault(api, set()).add(engine)
+        peers.setdefault(engine, set()).add(api)
 
     def _engine_wm(self, eng: EngineState) -> int:
         """The clock an engine's due work is decided by in a sweep: its data's
