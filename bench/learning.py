@@ -745,11 +745,16 @@ def alpha_run(model: str, gpu: str, tp: int, duration: float, seed: int, keep: f
     """:func:`contention_run`'s α0 without its step checks, on a stream of ``duration``
     simulated s at vLLM's default step sampling (:data:`ALPHA_STEP_RATE`)."""
     tel = shed_telemetry(model, gpu, tp, duration, seed, ALPHA_STEP_RATE, keep)
-    u, s = (
-        contention_learn(tel.sim, join_batches(b, ld), None if ld is None else ld.keep_request)
-        for b, ld in ((tel.full, None), (tel.partial, tel.load))
-    )
+    u, s, _ = learn_both(tel)
     return AlphaRun(u.a0_error, s.a0_error, (u.requests, s.requests))
+
+
+def learn_both(tel: ShedTelemetry) -> tuple[ContentionFit, ContentionFit, list[Any]]:
+    """Join and learn ``tel`` unshed and shed: (unshed fit, shed fit, unshed observations)."""
+    unshed = join_batches(tel.full)
+    u = contention_learn(tel.sim, unshed)
+    s = contention_learn(tel.sim, join_batches(tel.partial, tel.load), tel.load.keep_request)
+    return u, s, unshed
 
 
 @dataclass
@@ -829,14 +834,8 @@ def contention_run(
     """Simulate one engine, decode its telemetry as when idle and while shedding, join and
     learn both (the load controller holding the keep ratio at ``keep``)."""
     tel = shed_telemetry(model, gpu, tp, duration, seed, step_rate, keep)
-    out: dict[str, ContentionFit] = {}
-    joined: dict[str, list[Any]] = {}
-    for label, batches, ld in (("unshed", tel.full, None), ("shed", tel.partial, tel.load)):
-        obs = join_batches(batches, ld)
-        out[label] = contention_learn(tel.sim, obs, None if ld is None else ld.keep_request)
-        joined[label] = obs
-    u, s = out["unshed"], out["shed"]
-    null = subsample_null(tel.sim, joined["unshed"], s.steps / max(u.steps, 1), keep, NULL_DRAWS)
+    u, s, unshed = learn_both(tel)
+    null = subsample_null(tel.sim, unshed, s.steps / max(u.steps, 1), keep, NULL_DRAWS)
     return ContentionRun(
         u.step_error,
         s.step_error,
