@@ -320,20 +320,14 @@ class EngineState:
             if last != first:
                 pins.append(last)
         else:  # mostly the newest mark already (the step's other anchors set it)
-            # _mark's insert inline (top > first here, so it is never an append): the
-            # journeys of requests in flight interleave, so this runs for most anchors
             top = pins[-1]
-            if top != first:  # an insert below the newest: top stays the last
-                i = bisect.bisect_left(pins, first)
-                if pins[i] != first:
-                    pins.insert(i, first)
+            if top != first:
+                _mark(pins, first)  # (an insert below the newest: top stays the last)
             if last != first:
                 if top < last:
                     pins.append(last)
-                elif top != last:  # top > last: likewise an insert
-                    i = bisect.bisect_left(pins, last)
-                    if pins[i] != last:
-                        pins.insert(i, last)
+                elif top != last:
+                    _mark(pins, last)
 
     def add_coverage(self, start: int, end: int) -> None:
         """Record that every summary of steps ``start..end`` has been delivered."""
